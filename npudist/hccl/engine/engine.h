@@ -1,0 +1,99 @@
+// npudist collective engine: the public API. Plain C++17, no torch headers.
+//
+// A Communicator connects the ranks of one process group that live on the same node through POSIX
+// shared memory. All buffers are raw host pointers (npu memory is host memory); counts are in elements
+// of `dtype`, byte sizes in bytes. Every call is blocking on the calling thread and must be issued in the
+// same order on every local rank (collective semantics); p2p calls are independent per (peer, tag).
+// Every wait is bounded by the communicator timeout and fails with EngineError (never hangs).
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace npudist::hccl {
+
+enum class DataType : uint8_t {
+  kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8, kInt16, kInt32, kInt64, kBool,
+  kComplex64, kComplex128,
+};
+size_t element_size(DataType t);
+const char* dtype_name(DataType t);
+
+// AVG and PREMUL_SUM are expressed by the adapter as kSum plus a post-scale (see `scale` below).
+enum class ReduceOp : uint8_t { kSum, kProduct, kMin, kMax, kBand, kBor, kBxor };
+const char* reduce_op_name(ReduceOp op);
+
+// What went wrong, so the adapter can map it to the right torch error type.
+enum class ErrorKind { kTimeout, kPeerDied, kMismatch, kAborted, kInvalidArgument, kSystem };
+
+struct EngineError : std::runtime_error {
+  EngineError(ErrorKind k, const std::string& msg) : std::runtime_error(msg), kind(k) {}
+  ErrorKind kind;
+};
+
+// Out-of-band exchange used only while connecting (implemented by the adapter over the c10d Store,
+// by tests over threads or pipes). get() blocks until the key exists or the timeout passes.
+struct Bootstrap {
+  virtual ~Bootstrap() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  virtual std::string get(const std::string& key) = 0;
+};
+
+struct CommConfig {
+  std::string name;          // unique per job and group; used in shm segment names (/npudist_<name>_...)
+  int rank = 0;              // rank among the local ranks of this communicator
+  int size = 1;
+  size_t buffer_bytes = 8u << 20;  // per-rank staging buffer (HCCL_BUFFSIZE)
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+// Per-call description; all ranks' descriptors of one collective are compared (mismatch detection).
+struct OpInfo {
+  const char* op = "";       // "all_reduce", "broadcast", ...
+  uint64_t seq = 0;          // caller's sequence number, reported in errors
+};
+
+class Communicator {
+ public:
+  // Creates/attaches the shared-memory segments (collective over the local ranks).
+  static std::unique_ptr<Communicator> connect(const CommConfig& cfg, Bootstrap& bootstrap);
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // out may alias in. `scale` != 1 multiplies the reduced result (AVG: 1/size; PREMUL_SUM: factor
+  // applied by the adapter beforehand or here). fp16/bf16 accumulate in fp32.
+  virtual void all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                          const OpInfo& info, double scale = 1.0) = 0;
+  virtual void reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+                      const OpInfo& info, double scale = 1.0) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root, const OpInfo& info) = 0;
+  // out holds size()*bytes, rank r's contribution at offset r*bytes.
+  virtual void all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) = 0;
+  // in holds size()*count elements; out receives this rank's reduced chunk of `count` elements.
+  virtual void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                              const OpInfo& info, double scale = 1.0) = 0;
+  // Byte counts/offsets per peer (uneven splits allowed); send_counts[j] on rank i == recv_counts[i] on j.
+  virtual void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
+                          void* out, const size_t* recv_counts, const size_t* recv_offsets,
+                          const OpInfo& info) = 0;
+  virtual void gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) = 0;
+  virtual void scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) = 0;
+  virtual void barrier(const OpInfo& info) = 0;
+
+  // Point-to-point; thread-safe across different (peer, direction) pairs so sends and receives to
+  // several peers can run concurrently on different threads. Matched by (peer, tag) in order.
+  virtual void send(const void* buf, size_t bytes, int peer, int tag) = 0;
+  virtual void recv(void* buf, size_t bytes, int peer, int tag) = 0;
+
+  // Makes every pending and future wait of every local rank fail with kAborted. Safe from any thread.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace npudist::hccl
