@@ -1,0 +1,1 @@
+"""The `hccl` collective backend (ProcessGroupHCCL) for torch.distributed."""
