@@ -1,0 +1,230 @@
+"""Dataclasses of a training plan: one YAML file -> one ``Plan``.
+
+The field types are the schema: ``npudist.plan.loader`` converts YAML (and CLI overrides) into these
+classes by reading the annotations, so a field added here is parsed, type-checked and overridable at once.
+Cross-field rules (degrees vs world size, divisibility, ...) live in ``npudist.plan.validate``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "prepare_input"]
+PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+# Schedules that run several stages per rank (virtual_stages > 1), and the one that needs exactly two.
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble")
+V_SHAPED_SCHEDULES = ("ZBVZeroBubble",)
+
+
+@dataclass
+class ModelConfig:
+    """Llama-style decoder: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention."""
+    name: Literal["llama"] = "llama"
+    vocab_size: int = 256          # byte-level tokenizer; may be padded above 256 (e.g. for TP divisibility)
+    dim: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None   # None = n_heads (plain multi-head attention)
+    ffn_hidden_dim: int = 384
+    max_seq_len: int = 256
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+@dataclass
+class DataConfig:
+    path: Optional[str] = None     # text file; None = the built-in corpus
+    seq_len: int = 128
+    global_batch_size: int = 8     # sequences per optimizer step, summed over all data-parallel ranks
+    micro_batch_size: int = 2      # sequences per forward/backward on one data-parallel rank
+    seed: int = 0                  # shuffling seed of the dataset
+
+    def grad_accum_steps(self, dp_degree: int) -> int:
+        """Micro-batches accumulated per optimizer step on each data-parallel rank."""
+        return self.global_batch_size // (self.micro_batch_size * dp_degree)
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw"] = "adamw"
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule: linear warmup to optimizer.lr, then decay to lr * min_lr_ratio."""
+    warmup_steps: int = 10
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class TrainingConfig:
+    steps: int = 100
+    seed: int = 0
+    max_grad_norm: Optional[float] = 1.0   # None = no clipping
+    device: Literal["npu", "cpu"] = "npu"
+    backend: Optional[Literal["hccl", "gloo"]] = None  # None = hccl on npu, gloo on cpu
+    deterministic: bool = True
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend is not None:
+            return self.backend
+        return "hccl" if self.device == "npu" else "gloo"
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = 1
+    metrics_path: Optional[str] = None     # JSON lines, one record per logged step; None = no file
+    progress_bar: bool = True
+
+
+@dataclass
+class FSDPConfig:
+    reshard_after_forward: bool = True
+    param_dtype: DType = "float32"         # dtype of all-gathered parameters for compute
+    reduce_dtype: DType = "float32"        # dtype of gradient reduce-scatter
+    cpu_offload: bool = False
+    # Module-name patterns (see npudist.plan.patterns) wrapped as separate FSDP units, in addition to the
+    # root which is always wrapped last.
+    wrap: list[str] = field(default_factory=lambda: ["layers.*"])
+
+
+@dataclass
+class TPConfig:
+    # Module-name pattern -> style. None = the model's built-in TP plan.
+    plan: Optional[dict[str, TPStyle]] = None
+    loss_parallel: bool = False            # keep logits sharded over the vocab through the loss
+    sequence_parallel: bool = False        # shard norms/residual activations over the sequence dim
+
+
+@dataclass
+class PPConfig:
+    schedule: PPSchedule = "1F1B"
+    microbatches: Optional[int] = None     # per optimizer micro-step; None = number of pipeline stages
+    # Layer indices where a new stage starts (len = stages - 1); "layers.N" strings are accepted too.
+    # None = automatic balance (n_layers split evenly over the stages).
+    split_points: Optional[list[int]] = None
+    virtual_stages: int = 1                # stages per pp rank (>1 for interleaved / ZBV schedules)
+
+    def num_stages(self, pp_degree: int) -> int:
+        return pp_degree * self.virtual_stages
+
+    def resolved_microbatches(self, pp_degree: int) -> int:
+        return self.microbatches if self.microbatches is not None else self.num_stages(pp_degree)
+
+
+@dataclass
+class ACConfig:
+    """Activation checkpointing. selective: policy "layer" checkpoints every ``every_n_layers``-th block,
+    policy "op" recomputes cheap ops but saves matmul outputs inside every block."""
+    mode: Literal["none", "full", "selective"] = "none"
+    selective_policy: Literal["layer", "op"] = "layer"
+    every_n_layers: int = 2
+
+
+@dataclass(frozen=True)
+class ParallelDegrees:
+    """Concrete mesh sizes (no -1), in mesh order (pp, dp_replicate, dp_shard, tp)."""
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Number of data-parallel ranks (replicas x shards): how many ways the batch is split."""
+        return self.dp_replicate * self.dp_shard
+
+    def sizes(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.DIM_NAMES}
+
+    def active_dims(self) -> dict[str, int]:
+        """Dims of size > 1, in mesh order: the only ones that get a process group."""
+        return {n: s for n, s in self.sizes().items() if s > 1}
+
+
+@dataclass
+class ParallelConfig:
+    dp_replicate_degree: int = 1
+    dp_shard_degree: int = -1              # -1 = whatever world size the other degrees leave
+    tp_degree: int = 1
+    pp_degree: int = 1
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    tp: TPConfig = field(default_factory=TPConfig)
+    pp: PPConfig = field(default_factory=PPConfig)
+    activation_checkpoint: ACConfig = field(default_factory=ACConfig)
+
+    def resolve(self, world_size: int) -> ParallelDegrees:
+        """Fill dp_shard_degree=-1 from ``world_size``; ValueError if the degrees do not fit it."""
+        others = self.dp_replicate_degree * self.tp_degree * self.pp_degree
+        for name in ("dp_replicate_degree", "tp_degree", "pp_degree"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"parallel.{name}: must be >= 1, got {getattr(self, name)}")
+        if world_size < 1:
+            raise ValueError(f"world size must be >= 1, got {world_size}")
+        shard = self.dp_shard_degree
+        if shard == -1:
+            if world_size % others:
+                raise ValueError(
+                    f"parallel.dp_shard_degree: -1 cannot be filled: world size {world_size} is not divisible "
+                    f"by dp_replicate_degree*tp_degree*pp_degree = {others}")
+            shard = world_size // others
+        elif shard < 1:
+            raise ValueError(f"parallel.dp_shard_degree: must be >= 1 or -1 (= the rest), got {shard}")
+        elif shard * others != world_size:
+            raise ValueError(
+                f"parallel: degrees multiply to {shard * others} (dp_replicate {self.dp_replicate_degree} x "
+                f"dp_shard {shard} x tp {self.tp_degree} x pp {self.pp_degree}) but the world size is "
+                f"{world_size}; set parallel.dp_shard_degree to -1 or change the degrees")
+        return ParallelDegrees(pp=self.pp_degree, dp_replicate=self.dp_replicate_degree, dp_shard=shard,
+                               tp=self.tp_degree)
+
+    def degrees(self) -> ParallelDegrees:
+        """Degrees of an already-resolved config (dp_shard_degree set)."""
+        if self.dp_shard_degree == -1:
+            raise ValueError("parallel.dp_shard_degree is -1: call resolve(world_size) or load_plan(..., "
+                             "world_size=N) first")
+        return self.resolve(self.dp_shard_degree * self.dp_replicate_degree * self.tp_degree * self.pp_degree)
+
+
+@dataclass
+class Plan:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    SECTIONS = ("model", "data", "optimizer", "schedule", "training", "logging", "parallel")
+
+
+__all__ = [
+    "Plan", "ModelConfig", "DataConfig", "OptimizerConfig", "ScheduleConfig", "TrainingConfig",
+    "LoggingConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig", "ACConfig", "ParallelDegrees",
+    "MULTI_STAGE_SCHEDULES", "V_SHAPED_SCHEDULES",
+]

@@ -1,0 +1,249 @@
+"""Cross-field rules of a plan, checked before any process group exists.
+
+Each rule names the key it reports (first) and every key it reads, so a rule is skipped when one of
+those keys already failed type conversion (its value is then a default and the message would mislead).
+"""
+from __future__ import annotations
+
+import re
+
+from .patterns import check_pattern
+from .schema import MULTI_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
+
+
+class _Checks:
+    def __init__(self, skip: set[str]):
+        self.skip = skip
+        self.errors: list[str] = []
+
+    def _skipped(self, key: str) -> bool:
+        return any(key == s or key.startswith(s + ".") or key.startswith(s + "[") or s.startswith(key + ".")
+                   for s in self.skip)
+
+    def ok(self, *keys: str) -> bool:
+        """True if none of ``keys`` failed conversion (so a rule over them is meaningful)."""
+        return not any(self._skipped(k) for k in keys)
+
+    def fail(self, key: str, message: str, *reads: str) -> None:
+        if self.ok(key, *reads):
+            self.errors.append(f"{key}: {message}")
+
+
+def _positive(c: _Checks, obj, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < minimum:
+            c.fail(f"{prefix}.{name}", f"must be >= {minimum}, got {value}")
+
+
+def _check_model(c: _Checks, m) -> None:
+    _positive(c, m, "model", ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "max_seq_len"))
+    if m.vocab_size < 256:
+        c.fail("model.vocab_size", f"must be >= 256 for the byte-level tokenizer, got {m.vocab_size}")
+    if m.n_heads >= 1 and m.dim >= 1:
+        if m.dim % m.n_heads:
+            c.fail("model.dim", f"{m.dim} is not divisible by model.n_heads={m.n_heads}", "model.n_heads")
+        elif m.head_dim % 2:
+            c.fail("model.dim", f"head dim dim/n_heads = {m.head_dim} must be even for rotary embeddings",
+                   "model.n_heads")
+    if m.n_kv_heads is not None and m.n_kv_heads >= 1 and m.n_heads >= 1 and m.n_heads % m.n_kv_heads:
+        c.fail("model.n_kv_heads", f"model.n_heads={m.n_heads} is not divisible by n_kv_heads={m.n_kv_heads} "
+               "(each kv head serves a whole group of query heads)", "model.n_heads")
+    if m.norm_eps <= 0:
+        c.fail("model.norm_eps", f"must be > 0, got {m.norm_eps}")
+    if m.rope_theta <= 0:
+        c.fail("model.rope_theta", f"must be > 0, got {m.rope_theta}")
+
+
+def _check_training(c: _Checks, p: Plan) -> None:
+    t, o, s, lg = p.training, p.optimizer, p.schedule, p.logging
+    _positive(c, t, "training", ("steps",))
+    _positive(c, lg, "logging", ("log_every",))
+    if t.max_grad_norm is not None and t.max_grad_norm <= 0:
+        c.fail("training.max_grad_norm", f"must be > 0 (or null to disable clipping), got {t.max_grad_norm}")
+    if t.backend == "hccl" and t.device != "npu":
+        c.fail("training.backend", 'hccl runs collectives on npu tensors: use training.device: npu or '
+               'backend: gloo', "training.device")
+    if t.backend == "gloo" and t.device != "cpu":
+        c.fail("training.backend", 'gloo cannot run collectives on npu tensors: use backend: hccl (or null) '
+               'or training.device: cpu', "training.device")
+    if o.lr <= 0:
+        c.fail("optimizer.lr", f"must be > 0, got {o.lr}")
+    for i, b in enumerate(o.betas):
+        if not 0 <= b < 1:
+            c.fail(f"optimizer.betas[{i}]", f"must be in [0, 1), got {b}")
+    if o.eps <= 0:
+        c.fail("optimizer.eps", f"must be > 0, got {o.eps}")
+    if o.weight_decay < 0:
+        c.fail("optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    if s.warmup_steps < 0:
+        c.fail("schedule.warmup_steps", f"must be >= 0, got {s.warmup_steps}")
+    elif t.steps >= 1 and s.warmup_steps > t.steps:
+        c.fail("schedule.warmup_steps", f"{s.warmup_steps} is more than training.steps={t.steps}: the run would "
+               "end before reaching optimizer.lr", "training.steps")
+    if not 0 <= s.min_lr_ratio <= 1:
+        c.fail("schedule.min_lr_ratio", f"must be in [0, 1], got {s.min_lr_ratio}")
+
+
+def _check_degrees(c: _Checks, p: Plan, world_size: int | None):
+    """Resolved ParallelDegrees, or None if the degrees are wrong or the world size is unknown."""
+    par = p.parallel
+    bad = False
+    for name in ("dp_replicate_degree", "tp_degree", "pp_degree"):
+        if getattr(par, name) < 1:
+            c.fail(f"parallel.{name}", f"must be >= 1, got {getattr(par, name)}")
+            bad = True
+    if par.dp_shard_degree == 0 or par.dp_shard_degree < -1:
+        c.fail("parallel.dp_shard_degree", f"must be >= 1 or -1 (= the rest), got {par.dp_shard_degree}")
+        bad = True
+    if world_size is not None and world_size < 1:
+        c.errors.append(f"world_size: must be >= 1, got {world_size}")
+        bad = True
+    if bad or not c.ok("parallel.dp_replicate_degree", "parallel.dp_shard_degree", "parallel.tp_degree",
+                       "parallel.pp_degree"):
+        return None
+    if world_size is None:
+        if par.dp_shard_degree == -1:
+            return None   # world-size dependent rules wait for load_plan(..., world_size=N)
+        world_size = par.dp_shard_degree * par.dp_replicate_degree * par.tp_degree * par.pp_degree
+    try:
+        degrees = par.resolve(world_size)
+    except ValueError as e:
+        c.errors.append(str(e))
+        return None
+    par.dp_shard_degree = degrees.dp_shard
+    return degrees
+
+
+def _check_tp(c: _Checks, p: Plan, tp: int) -> None:
+    m, cfg = p.model, p.parallel.tp
+    for pattern, _style in (cfg.plan or {}).items():
+        problem = check_pattern(pattern)
+        if problem:
+            c.fail(f"parallel.tp.plan.{pattern}", problem)
+    if tp <= 1:
+        return
+    reads = ("parallel.tp_degree",)
+    for name, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
+                        ("model.ffn_hidden_dim", m.ffn_hidden_dim)):
+        if value % tp:
+            c.fail(name, f"{value} is not divisible by parallel.tp_degree={tp} (tensor parallelism splits it "
+                   "evenly over the tp ranks)", *reads, "model.n_heads")
+    if cfg.loss_parallel and m.vocab_size % tp:
+        c.fail("parallel.tp.loss_parallel", f"needs model.vocab_size={m.vocab_size} divisible by "
+               f"parallel.tp_degree={tp} (pad vocab_size up to a multiple)", *reads, "model.vocab_size")
+    if cfg.sequence_parallel and p.data.seq_len % tp:
+        c.fail("parallel.tp.sequence_parallel", f"needs data.seq_len={p.data.seq_len} divisible by "
+               f"parallel.tp_degree={tp}", *reads, "data.seq_len")
+
+
+def _normalize_split_points(c: _Checks, pp) -> list[int] | None:
+    if pp.split_points is None:
+        return None
+    out = []
+    for i, point in enumerate(pp.split_points):
+        if isinstance(point, str):
+            match = re.fullmatch(r"(?:layers\.)?(\d+)", point.strip())
+            if not match:
+                c.fail(f"parallel.pp.split_points[{i}]", f'expected a layer index or "layers.N", got {point!r}')
+                return None
+            point = int(match.group(1))
+        out.append(point)
+    pp.split_points = out
+    return out
+
+
+def _check_pp(c: _Checks, p: Plan, pp_degree: int) -> None:
+    cfg, m = p.parallel.pp, p.model
+    _positive(c, cfg, "parallel.pp", ("virtual_stages", "microbatches"))
+    points = _normalize_split_points(c, cfg)
+    if cfg.virtual_stages < 1 or (cfg.microbatches is not None and cfg.microbatches < 1):
+        return
+    if cfg.schedule in MULTI_STAGE_SCHEDULES and pp_degree > 1 and cfg.virtual_stages < 2:
+        c.fail("parallel.pp.virtual_stages", f"schedule {cfg.schedule} runs several stages per rank: set "
+               "virtual_stages >= 2 (or use schedule 1F1B/GPipe)", "parallel.pp.schedule")
+    if cfg.schedule in V_SHAPED_SCHEDULES and pp_degree > 1 and cfg.virtual_stages != 2:
+        c.fail("parallel.pp.virtual_stages", f"schedule {cfg.schedule} needs exactly 2 stages per rank, got "
+               f"{cfg.virtual_stages}", "parallel.pp.schedule")
+    if cfg.schedule not in MULTI_STAGE_SCHEDULES and cfg.virtual_stages != 1:
+        c.fail("parallel.pp.virtual_stages", f"schedule {cfg.schedule} runs one stage per rank: set "
+               f"virtual_stages 1 or use Interleaved1F1B/InterleavedZeroBubble/ZBVZeroBubble",
+               "parallel.pp.schedule")
+    if pp_degree <= 1:
+        if points:
+            c.fail("parallel.pp.split_points", "given but parallel.pp_degree is 1 (no pipeline)",
+                   "parallel.pp_degree")
+        return
+    stages = cfg.num_stages(pp_degree)
+    mb = cfg.resolved_microbatches(pp_degree)
+    reads = ("parallel.pp_degree", "parallel.pp.virtual_stages")
+    if mb < pp_degree:
+        c.fail("parallel.pp.microbatches", f"{mb} is fewer than the {pp_degree} pipeline ranks: stages would sit "
+               f"idle and torch's 1F1B rejects it; use >= {pp_degree}", *reads)
+    elif cfg.schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, mb // pp_degree)
+        if mb % rounds:
+            c.fail("parallel.pp.microbatches", f"{cfg.schedule} needs microbatches to be a multiple of "
+                   f"microbatches // pp_degree = {rounds}, got {mb}", *reads, "parallel.pp.schedule")
+    if m.n_layers < stages:
+        c.fail("model.n_layers", f"{m.n_layers} layers cannot fill {stages} pipeline stages (pp_degree "
+               f"{pp_degree} x virtual_stages {cfg.virtual_stages})", *reads)
+    elif points is None:
+        if m.n_layers % stages:
+            c.fail("model.n_layers", f"{m.n_layers} is not divisible by the {stages} pipeline stages (pp_degree "
+                   f"{pp_degree} x virtual_stages {cfg.virtual_stages}); change n_layers or give "
+                   "parallel.pp.split_points", *reads, "parallel.pp.split_points")
+    else:
+        if len(points) != stages - 1:
+            c.fail("parallel.pp.split_points", f"needs {stages - 1} points for {stages} stages, got "
+                   f"{len(points)}", *reads)
+        elif any(b <= a for a, b in zip(points, points[1:])) or points[0] < 1 or points[-1] > m.n_layers - 1:
+            c.fail("parallel.pp.split_points", f"{points} must be strictly increasing layer indices in "
+                   f"[1, {m.n_layers - 1}] (each stage needs at least one layer)", "model.n_layers")
+    if m.tie_embeddings:
+        c.fail("model.tie_embeddings", "tied embeddings put one weight on the first and the last pipeline "
+               "stage; set tie_embeddings: false with parallel.pp_degree > 1", "parallel.pp_degree")
+    if p.data.micro_batch_size % mb:
+        c.fail("data.micro_batch_size", f"{p.data.micro_batch_size} is not divisible by "
+               f"parallel.pp.microbatches={mb} (the pipeline splits each micro batch into microbatches)",
+               *reads, "parallel.pp.microbatches")
+
+
+def _check_data(c: _Checks, p: Plan, dp: int | None) -> None:
+    d = p.data
+    _positive(c, d, "data", ("seq_len", "global_batch_size", "micro_batch_size"))
+    if d.seq_len > p.model.max_seq_len:
+        c.fail("data.seq_len", f"{d.seq_len} exceeds model.max_seq_len={p.model.max_seq_len}",
+               "model.max_seq_len")
+    if dp is None or d.micro_batch_size < 1 or d.global_batch_size < 1:
+        return
+    per_step = d.micro_batch_size * dp
+    if d.global_batch_size % per_step:
+        c.fail("data.global_batch_size", f"{d.global_batch_size} is not divisible by data.micro_batch_size "
+               f"{d.micro_batch_size} x {dp} data-parallel ranks = {per_step}", "data.micro_batch_size",
+               "parallel.dp_shard_degree", "parallel.dp_replicate_degree")
+
+
+def _check_fsdp_ac(c: _Checks, p: Plan) -> None:
+    for i, pattern in enumerate(p.parallel.fsdp.wrap):
+        problem = check_pattern(pattern)
+        if problem:
+            c.fail(f"parallel.fsdp.wrap[{i}]", problem)
+    ac = p.parallel.activation_checkpoint
+    if ac.every_n_layers < 1:
+        c.fail("parallel.activation_checkpoint.every_n_layers", f"must be >= 1, got {ac.every_n_layers}")
+
+
+def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | None = None) -> list[str]:
+    """All rule violations as ``"key.path: problem"`` lines. Normalizes the plan in place: fills
+    dp_shard_degree=-1 when the world size is known, turns "layers.N" split points into ints."""
+    c = _Checks(set(skip or ()))
+    _check_model(c, plan.model)
+    _check_training(c, plan)
+    _check_fsdp_ac(c, plan)
+    degrees = _check_degrees(c, plan, world_size)
+    par = plan.parallel
+    _check_tp(c, plan, par.tp_degree if par.tp_degree >= 1 else 1)
+    _check_pp(c, plan, par.pp_degree if par.pp_degree >= 1 else 1)
+    _check_data(c, plan, degrees.dp if degrees else None)
+    return c.errors
