@@ -1,0 +1,68 @@
+"""Rank layout of a plan, computed without torch.distributed (used by ``npudist plan check`` and by the
+pipeline builder, so both agree on who holds what).
+
+Ranks are laid out row-major over the mesh dims (pp, dp_replicate, dp_shard, tp) -- tp fastest, so tp
+peers are neighbouring ranks (on real hardware: the same node) -- exactly as ``init_device_mesh`` does.
+"""
+from __future__ import annotations
+
+from npudist.plan.schema import V_SHAPED_SCHEDULES, ParallelDegrees
+
+MESH_DIM_NAMES = ParallelDegrees.DIM_NAMES
+
+
+def rank_coordinates(degrees: ParallelDegrees, rank: int) -> dict[str, int]:
+    """Coordinate of ``rank`` along every mesh dim (0 along dims of size 1)."""
+    if not 0 <= rank < degrees.world_size:
+        raise ValueError(f"rank {rank} is outside the world of {degrees.world_size} ranks")
+    coords, rest = {}, rank
+    for name in reversed(MESH_DIM_NAMES):
+        size = getattr(degrees, name)
+        coords[name] = rest % size
+        rest //= size
+    return {name: coords[name] for name in MESH_DIM_NAMES}
+
+
+def rank_of(degrees: ParallelDegrees, coords: dict[str, int]) -> int:
+    """Inverse of rank_coordinates; missing dims count as 0."""
+    rank = 0
+    for name in MESH_DIM_NAMES:
+        rank = rank * getattr(degrees, name) + coords.get(name, 0)
+    return rank
+
+
+def group_ranks(degrees: ParallelDegrees, dim: str, rank: int) -> list[int]:
+    """Ranks that share a process group with ``rank`` along ``dim`` (its peers, including itself)."""
+    coords = rank_coordinates(degrees, rank)
+    return [rank_of(degrees, {**coords, dim: i}) for i in range(getattr(degrees, dim))]
+
+
+def stage_layer_ranges(n_layers: int, num_stages: int, split_points: list[int] | None = None) -> list[range]:
+    """Transformer-block indices of every pipeline stage. Without split points the blocks are spread
+    evenly (the plan validator requires n_layers % num_stages == 0 then)."""
+    if num_stages < 1 or n_layers < num_stages:
+        raise ValueError(f"cannot split {n_layers} layers into {num_stages} stages")
+    if split_points is None:
+        if n_layers % num_stages:
+            raise ValueError(f"{n_layers} layers are not divisible by {num_stages} stages; give split points")
+        per = n_layers // num_stages
+        split_points = [per * i for i in range(1, num_stages)]
+    if len(split_points) != num_stages - 1:
+        raise ValueError(f"{num_stages} stages need {num_stages - 1} split points, got {split_points}")
+    bounds = [0, *split_points, n_layers]
+    if any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"split points {split_points} must be strictly increasing within (0, {n_layers})")
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def stages_of_rank(pp_rank: int, pp_degree: int, virtual_stages: int, schedule: str) -> list[int]:
+    """Global stage indices held by pipeline rank ``pp_rank``: loop order (rank r holds r, r+pp, ...) for
+    interleaved schedules, V order (rank r holds r and 2*pp-1-r) for ZBVZeroBubble -- matching torch's
+    ``generate_stage_to_rank_mapping``."""
+    if not 0 <= pp_rank < pp_degree:
+        raise ValueError(f"pp rank {pp_rank} outside [0, {pp_degree})")
+    if schedule in V_SHAPED_SCHEDULES:
+        if virtual_stages != 2:
+            raise ValueError(f"{schedule} needs exactly 2 stages per rank, got {virtual_stages}")
+        return [pp_rank, 2 * pp_degree - 1 - pp_rank]
+    return [pp_rank + v * pp_degree for v in range(virtual_stages)]

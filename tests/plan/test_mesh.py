@@ -1,0 +1,86 @@
+"""build_mesh on gloo (CPU): dims of size 1 are absent and create no process group, the layout matches
+the torch-free rank_coordinates, and every sub-mesh group reduces over exactly the expected peers."""
+import pytest
+
+from npudist.mesh.layout import group_ranks, rank_coordinates
+from npudist.plan.schema import ParallelDegrees
+
+from .dist_helpers import run_ranks
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("plan_mesh")]
+
+
+def _check_mesh(rank, world, degrees, device_type):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _world
+
+    from npudist import mesh as M
+
+    before = len(_world.pg_map)
+    mesh = M.build_mesh(degrees, device_type)
+    created = len(_world.pg_map) - before
+    names = tuple(mesh.mesh_dim_names)
+    coords = {n: M.dim_rank(mesh, n) for n in M.MESH_DIM_NAMES}
+    sizes = {n: M.dim_size(mesh, n) for n in M.MESH_DIM_NAMES}
+    peers = {}
+    for name in M.MESH_DIM_NAMES + (M.DP_DIM,):
+        sub = M.get_submesh(mesh, name)
+        if sub is None:
+            peers[name] = None
+            continue
+        t = torch.zeros(world, dtype=torch.int64, device=device_type)
+        t[rank] = 1
+        dist.all_reduce(t, group=sub.get_group())
+        peers[name] = [i for i in range(world) if t[i].item()]
+    fsdp = M.get_fsdp_mesh(mesh)
+    return dict(names=names, coords=coords, sizes=sizes, peers=peers, created=created,
+                fsdp=None if fsdp is None else tuple(fsdp.mesh_dim_names), dp_rank=M.dim_rank(mesh, M.DP_DIM),
+                described=M.describe_mesh(mesh))
+
+
+CASES = [
+    # degrees, expected mesh dims, expected new process groups per rank
+    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=2, tp=1), ("dp_shard",), 0),
+    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=2, tp=2), ("dp_shard", "tp"), 2),
+    (ParallelDegrees(pp=2, dp_replicate=1, dp_shard=1, tp=2), ("pp", "tp"), 2),
+    # the flattened dp dim spans the whole world, so it reuses the default group
+    (ParallelDegrees(pp=1, dp_replicate=2, dp_shard=2, tp=1), ("dp_replicate", "dp_shard"), 2),
+]
+
+
+@pytest.mark.parametrize("degrees,dims,created", CASES, ids=lambda c: str(c))
+def test_mesh_gloo(degrees, dims, created):
+    world = degrees.world_size
+    results = run_ranks(_check_mesh, world, degrees, "cpu", timeout=150)
+    for rank, r in enumerate(results):
+        assert r["names"] == dims
+        assert r["created"] == created, f"rank {rank}: {r['created']} groups created, expected {created}"
+        expected = rank_coordinates(degrees, rank)
+        assert r["coords"] == expected
+        assert r["sizes"] == degrees.sizes()
+        for name in ("pp", "dp_replicate", "dp_shard", "tp"):
+            if getattr(degrees, name) > 1:
+                assert r["peers"][name] == group_ranks(degrees, name, rank)
+            else:
+                assert r["peers"][name] is None
+        dp_peers = sorted({p for n in ("dp_replicate", "dp_shard") for q in group_ranks(degrees, n, rank)
+                           for p in group_ranks(degrees, "dp_shard", q)})
+        assert r["peers"]["dp"] == (dp_peers if degrees.dp > 1 else None)
+        assert r["dp_rank"] == expected["dp_replicate"] * degrees.dp_shard + expected["dp_shard"]
+        assert r["fsdp"] == ({(True, True): ("dp_replicate", "dp_shard"), (False, True): ("dp_shard",)}
+                             .get((degrees.dp_replicate > 1, degrees.dp_shard > 1)))
+
+
+def test_mesh_rejects_wrong_world():
+    msgs = run_ranks(_wrong_world, 2, timeout=60)
+    assert all(m and "multiply to 4 ranks but the process group has 2" in m for m in msgs)
+
+
+def _wrong_world(rank, world):
+    from npudist.mesh import build_mesh
+    try:
+        build_mesh(ParallelDegrees(pp=1, dp_replicate=1, dp_shard=4, tp=1), "cpu")
+    except ValueError as e:
+        return str(e)
+    return None
