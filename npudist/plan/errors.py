@@ -22,4 +22,6 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
     candidates = [str(c) for c in candidates]
     folded = [c for c in candidates if c.lower() == str(name).lower()]
     match = folded or difflib.get_close_matches(str(name), candidates, n=1, cutoff=0.6)
+    if not match and len(str(name)) >= 2:   # abbreviations: "zbv" -> "ZBVZeroBubble"
+        match = [c for c in candidates if c.lower().startswith(str(name).lower())][:1]
     return f' (did you mean "{match[0]}"?)' if match else ""

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 
-from .patterns import check_pattern
+from .errors import suggest
+from .llama_layout import module_names
+from .patterns import check_pattern, matches
 from .schema import MULTI_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
 
 
@@ -115,12 +117,26 @@ def _check_degrees(c: _Checks, p: Plan, world_size: int | None):
     return degrees
 
 
+def _check_pattern_hits(c: _Checks, p: Plan, key: str, pattern: str) -> None:
+    """A module pattern must be well formed and match at least one module of the model: a typo would
+    otherwise silently leave modules unsharded."""
+    problem = check_pattern(pattern)
+    if problem:
+        c.fail(key, problem)
+        return
+    if not c.ok("model.n_layers"):
+        return
+    names = module_names(p.model)
+    if not any(matches(pattern, n) for n in names):
+        generic = sorted({re.sub(r"^layers\.\d+", "layers.*", n) for n in names})
+        c.fail(key, f'pattern "{pattern}" matches no module of the {p.model.name} model'
+               f"{suggest(pattern, generic)}", "model.n_layers")
+
+
 def _check_tp(c: _Checks, p: Plan, tp: int) -> None:
     m, cfg = p.model, p.parallel.tp
     for pattern, _style in (cfg.plan or {}).items():
-        problem = check_pattern(pattern)
-        if problem:
-            c.fail(f"parallel.tp.plan.{pattern}", problem)
+        _check_pattern_hits(c, p, f"parallel.tp.plan.{pattern}", pattern)
     if tp <= 1:
         return
     reads = ("parallel.tp_degree",)
@@ -129,9 +145,9 @@ def _check_tp(c: _Checks, p: Plan, tp: int) -> None:
         if value % tp:
             c.fail(name, f"{value} is not divisible by parallel.tp_degree={tp} (tensor parallelism splits it "
                    "evenly over the tp ranks)", *reads, "model.n_heads")
-    if cfg.loss_parallel and m.vocab_size % tp:
-        c.fail("parallel.tp.loss_parallel", f"needs model.vocab_size={m.vocab_size} divisible by "
-               f"parallel.tp_degree={tp} (pad vocab_size up to a multiple)", *reads, "model.vocab_size")
+    if m.vocab_size % tp:
+        c.fail("model.vocab_size", f"{m.vocab_size} is not divisible by parallel.tp_degree={tp} (the embedding "
+               "and output head are split over the vocabulary); pad vocab_size up to a multiple", *reads)
     if cfg.sequence_parallel and p.data.seq_len % tp:
         c.fail("parallel.tp.sequence_parallel", f"needs data.seq_len={p.data.seq_len} divisible by "
                f"parallel.tp_degree={tp}", *reads, "data.seq_len")
@@ -226,9 +242,7 @@ def _check_data(c: _Checks, p: Plan, dp: int | None) -> None:
 
 def _check_fsdp_ac(c: _Checks, p: Plan) -> None:
     for i, pattern in enumerate(p.parallel.fsdp.wrap):
-        problem = check_pattern(pattern)
-        if problem:
-            c.fail(f"parallel.fsdp.wrap[{i}]", problem)
+        _check_pattern_hits(c, p, f"parallel.fsdp.wrap[{i}]", pattern)
     ac = p.parallel.activation_checkpoint
     if ac.every_n_layers < 1:
         c.fail("parallel.activation_checkpoint.every_n_layers", f"must be >= 1, got {ac.every_n_layers}")

@@ -1,0 +1,130 @@
+"""``npudist plan check``: validate a plan for a world size and describe what every rank will hold."""
+from __future__ import annotations
+
+import dataclasses
+
+from npudist.mesh.layout import MESH_DIM_NAMES, group_ranks, stage_layer_ranges
+
+from .estimate import RankEstimate, estimate_all
+from .llama_layout import count_params
+from .loader import load_plan
+from .schema import ParallelDegrees, Plan
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _span(layers: list[int]) -> str:
+    if not layers:
+        return "-"
+    runs, start = [], layers[0]
+    for a, b in zip(layers, layers[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(runs)
+
+
+def _groups(degrees: ParallelDegrees, dim: str) -> str:
+    seen, out = set(), []
+    for r in range(degrees.world_size):
+        g = tuple(group_ranks(degrees, dim, r))
+        if g not in seen:
+            seen.add(g)
+            out.append("[" + ",".join(map(str, g)) + "]")
+    return " ".join(out)
+
+
+def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
+    m, d, par, t = plan.model, plan.data, plan.parallel, plan.training
+    n = count_params(m)
+    accum = d.grad_accum_steps(degrees.dp)
+    lines = [
+        f"plan {source}: valid for {degrees.world_size} rank{'s' if degrees.world_size > 1 else ''}",
+        f"model     {m.name}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads ({m.kv_heads} kv), ffn "
+        f"{m.ffn_hidden_dim}, vocab {m.vocab_size}{', tied embeddings' if m.tie_embeddings else ''} -> "
+        f"{n:,} parameters ({format_bytes(4 * n)} fp32)",
+        f"batch     {d.global_batch_size} sequences x {d.seq_len} tokens = {d.global_batch_size * d.seq_len:,} "
+        f"tokens/step; {d.micro_batch_size} per micro-batch on each of {degrees.dp} data-parallel rank(s) -> "
+        f"{accum} accumulation step(s)",
+        f"training  {t.steps} steps on {t.device} with {t.resolved_backend}; adamw lr {plan.optimizer.lr:g}, "
+        f"{plan.schedule.warmup_steps} warmup, {plan.schedule.decay} decay",
+    ]
+    active = degrees.active_dims()
+    omitted = [k for k in MESH_DIM_NAMES if k not in active]
+    dims = " x ".join(f"{k}={v}" for k, v in active.items()) or "dp_shard=1"
+    lines.append(f"mesh      {dims} on {t.device}" + (f"   (size-1 dims, no process group: "
+                                                       f"{', '.join(omitted)})" if omitted else ""))
+    for dim in active:
+        lines.append(f"  {dim:<13} groups {_groups(degrees, dim)}")
+    if degrees.pp > 1:
+        stages = par.pp.num_stages(degrees.pp)
+        mb = par.pp.resolved_microbatches(degrees.pp)
+        ranges = stage_layer_ranges(m.n_layers, stages, par.pp.split_points)
+        lines.append(f"pipeline  {par.pp.schedule}, {stages} stages ({par.pp.virtual_stages} per rank), {mb} "
+                     f"microbatches of {d.micro_batch_size // mb} sequence(s); layers per stage: "
+                     + " ".join(f"s{i}={_span(list(r))}" for i, r in enumerate(ranges)))
+    if degrees.tp > 1:
+        tp = par.tp
+        lines.append(f"tensor    {'built-in Llama plan' if tp.plan is None else f'{len(tp.plan)} pattern(s)'}"
+                     f", sequence_parallel {tp.sequence_parallel}, loss_parallel {tp.loss_parallel}")
+    if degrees.dp_shard > 1:
+        f = par.fsdp
+        lines.append(f"fsdp      units {', '.join(f.wrap) or '-'} + root; param {f.param_dtype}, reduce "
+                     f"{f.reduce_dtype}, reshard_after_forward {f.reshard_after_forward}, cpu_offload "
+                     f"{f.cpu_offload}")
+    ac = par.activation_checkpoint
+    if ac.mode != "none":
+        lines.append(f"ac        {ac.mode}" + (f" ({ac.selective_policy}"
+                                                 + (f", every {ac.every_n_layers} layers)"
+                                                    if ac.selective_policy == "layer" else ")")
+                                                 if ac.mode == "selective" else ""))
+    return lines
+
+
+def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list[str]:
+    cols = ("rank", "stages", "layers", "dp_rep", "dp_shard", "tp", "params", "grads", "optim", "fsdp_ag",
+            "activ", "total")
+    rows = []
+    for e in estimates:
+        c = e.coords
+        layers = _span(e.layers) + ("+emb" if e.holds_embedding else "") + ("+head" if e.holds_head else "")
+        rows.append((str(e.rank), ",".join(map(str, e.stages)), layers,
+                     f"{c['dp_replicate']}/{degrees.dp_replicate}", f"{c['dp_shard']}/{degrees.dp_shard}",
+                     f"{c['tp']}/{degrees.tp}", format_bytes(e.param_bytes), format_bytes(e.grad_bytes),
+                     format_bytes(e.optim_bytes), format_bytes(e.gather_bytes), format_bytes(e.activation_bytes),
+                     format_bytes(e.device_bytes) + (" (state on host)" if e.offloaded else "")))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
+    left = {"stages", "layers"}
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if h in left else c.rjust(w) for c, w, h in zip(cells, widths, cols))
+    return ["per-rank device memory estimate (fp32 params, grads and AdamW state after TP/FSDP sharding; "
+            "fsdp_ag = all-gathered units alive at peak; activations estimated for the schedule's peak):",
+            line(cols), *(line(r) for r in rows)]
+
+
+def check_plan(source, world_size: int | None = None, overrides=()) -> tuple[Plan, ParallelDegrees, str]:
+    """Load and validate (PlanError lists every problem), then render the layout report."""
+    plan = load_plan(source, overrides, world_size=world_size)
+    par = plan.parallel
+    degrees = par.degrees()
+    estimates = estimate_all(plan, degrees)
+    name = source if isinstance(source, str) else "<dict>"
+    text = "\n".join(_summary(plan, degrees, name) + [""] + _rank_table(degrees, estimates))
+    return plan, degrees, text
+
+
+def report_dict(plan: Plan, degrees: ParallelDegrees) -> dict:
+    """Machine-readable form of the report (``npudist plan check --json``)."""
+    return {
+        "world_size": degrees.world_size,
+        "mesh": degrees.active_dims(),
+        "degrees": degrees.sizes(),
+        "plan": dataclasses.asdict(plan),
+        "ranks": [dict(dataclasses.asdict(e), device_bytes=e.device_bytes) for e in estimate_all(plan, degrees)],
+    }

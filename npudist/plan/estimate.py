@@ -1,0 +1,172 @@
+"""Per-rank placement and memory estimate of a plan, computed analytically (no model, no processes).
+
+Parameters are counted exactly from the Llama shapes; what each rank holds follows the real wrappers:
+pipeline stages own whole blocks (embedding on the first stage, final norm + head on the last), TP splits
+the weights its plan shards, FSDP splits every parameter over dp_shard (padded to a multiple).
+Activations are an ESTIMATE: bytes saved for backward per token per block (see ``_block_activation``),
+times the tokens of the micro-batches a pipeline schedule keeps in flight.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from npudist.mesh.layout import rank_coordinates, stage_layer_ranges, stages_of_rank
+
+from .llama_layout import BUILTIN_TP_SHARDED, param_shapes
+from .patterns import matches
+from .schema import ParallelDegrees, Plan
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ADAMW_STATES = 2    # exp_avg, exp_avg_sq (fp32, shaped like the parameter shard)
+
+
+@dataclass
+class RankEstimate:
+    rank: int
+    coords: dict[str, int]
+    stages: list[int]
+    layers: list[int]
+    holds_embedding: bool
+    holds_head: bool
+    params: int                # parameter elements held by this rank (after TP and FSDP sharding)
+    param_bytes: int
+    grad_bytes: int
+    optim_bytes: int
+    gather_bytes: int          # FSDP all-gathered (unsharded) parameters alive at peak
+    activation_bytes: int
+    offloaded: bool = False    # params/grads/optimizer state live in host memory (fsdp.cpu_offload)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device_bytes(self) -> int:
+        state = 0 if self.offloaded else self.param_bytes + self.grad_bytes + self.optim_bytes
+        return state + self.gather_bytes + self.activation_bytes
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _module_of(param: str) -> str:
+    return param.rsplit(".", 1)[0]
+
+
+def _tp_sharded(plan: Plan, module: str) -> bool:
+    if plan.parallel.tp_degree <= 1:
+        return False
+    tp_plan = plan.parallel.tp.plan
+    if tp_plan is None:
+        return any(matches(p, module) for p in BUILTIN_TP_SHARDED)
+    return any(matches(p, module) and s in ("colwise", "rowwise") for p, s in tp_plan.items())
+
+
+def _block_activation(plan: Plan, tp: int) -> tuple[float, float]:
+    """(elements per token per block kept for backward, elements per token at a checkpointed block).
+    No AC keeps: norm inputs/outputs and residuals (6*dim, split by TP only with sequence parallelism),
+    q/k/v, attention output and wo input (3*dim + 2*kv_dim) and the SwiGLU w1/w3/silu/product (4*ffn),
+    split by TP."""
+    m, par = plan.model, plan.parallel
+    sp = tp if par.tp.sequence_parallel else 1
+    kv = m.kv_heads * m.head_dim
+    replicated, sharded = 6 * m.dim / sp, (3 * m.dim + 2 * kv + 4 * m.ffn_hidden_dim) / tp
+    full = replicated + sharded
+    ac = par.activation_checkpoint
+    if ac.mode == "full":
+        return full, m.dim / sp
+    if ac.mode == "selective" and ac.selective_policy == "op":
+        saved = (2 * m.dim + 2 * kv + 2 * m.ffn_hidden_dim) / tp + m.dim / sp   # matmul outputs + input
+        return saved, saved
+    return full, full
+
+
+def _in_flight(plan: Plan, pp_rank: int, n_local: int) -> int:
+    """Stage-microbatches whose activations a pipeline rank holds at its peak."""
+    par = plan.parallel
+    pp, m = par.pp_degree, par.pp.resolved_microbatches(par.pp_degree)
+    if pp <= 1:
+        return 1
+    if par.pp.schedule == "GPipe":
+        return m * n_local
+    if n_local == 1:   # 1F1B: warm-up of pp - rank forwards before the first backward
+        return min(m, pp - pp_rank)
+    per_round = m // max(1, m // pp)
+    return min(m * n_local, (n_local - 1) * per_round + 2 * (pp - 1 - pp_rank) + 1)
+
+
+def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstimate:
+    par, m, d = plan.parallel, plan.model, plan.data
+    coords = rank_coordinates(degrees, rank)
+    num_stages = par.pp.num_stages(degrees.pp)
+    ranges = stage_layer_ranges(m.n_layers, num_stages, par.pp.split_points)
+    stages = stages_of_rank(coords["pp"], degrees.pp, par.pp.virtual_stages if degrees.pp > 1 else 1,
+                            par.pp.schedule) if degrees.pp > 1 else [0]
+    layers = sorted(i for s in stages for i in ranges[s])
+    first, head = 0 in stages, num_stages - 1 in stages
+
+    mine, unit_elems = {}, {}
+    for name, shape in param_shapes(m).items():
+        module = _module_of(name)
+        if module.startswith("layers."):
+            if int(module.split(".")[1]) not in layers:
+                continue
+        elif module == "tok_embeddings" and not (first or (head and m.tie_embeddings)):
+            continue
+        elif module in ("norm", "output") and not head:
+            continue
+        n = _numel(shape)
+        if _tp_sharded(plan, module):
+            n = math.ceil(n / degrees.tp)
+        mine[name] = n
+        unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else "root"
+        unit_elems[unit] = unit_elems.get(unit, 0) + n
+    tp_local = sum(mine.values())
+    shard = degrees.dp_shard
+    held = sum(math.ceil(n / shard) for n in mine.values())
+    param_b = DTYPE_BYTES["float32"] * held
+
+    gather = 0
+    if shard > 1:
+        pbytes = DTYPE_BYTES[par.fsdp.param_dtype]
+        if par.fsdp.reshard_after_forward:
+            biggest = sorted(unit_elems.values(), reverse=True)[:2]   # current unit + the prefetched one
+            gather = pbytes * sum(biggest)
+        else:
+            gather = pbytes * tp_local
+        gather += DTYPE_BYTES[par.fsdp.reduce_dtype] * max(unit_elems.values(), default=0)   # unsharded grads
+
+    act_bytes = DTYPE_BYTES[par.fsdp.param_dtype] if shard > 1 else 4
+    microbatches = par.pp.resolved_microbatches(degrees.pp) if degrees.pp > 1 else 1
+    tokens = (d.micro_batch_size // max(1, microbatches)) * d.seq_len
+    per_layer, per_ckpt_layer = _block_activation(plan, degrees.tp)
+    ac = par.activation_checkpoint
+    layers_per_stage = max(len(ranges[s]) for s in stages)
+    if ac.mode == "selective" and ac.selective_policy == "layer":
+        ckpt = layers_per_stage // ac.every_n_layers
+        block = (layers_per_stage - ckpt) * per_layer + ckpt * m.dim
+    elif ac.mode == "full":
+        block = layers_per_stage * per_ckpt_layer
+    else:
+        block = layers_per_stage * per_layer
+    sp = degrees.tp if par.tp.sequence_parallel else 1
+    extra = (m.dim / sp if first else 0)
+    logits = 0
+    if head:
+        vocab = m.vocab_size / (degrees.tp if par.tp.loss_parallel and degrees.tp > 1 else 1)
+        logits = 2 * vocab * tokens * 4      # fp32 logits + log-softmax kept for the backward
+    flight = _in_flight(plan, coords["pp"], len(stages))
+    recompute = per_layer * tokens * act_bytes if ac.mode == "full" else 0   # one block rebuilt in backward
+    activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute)
+
+    notes = []
+    if par.fsdp.cpu_offload and shard > 1:
+        notes.append("fsdp.cpu_offload: parameters, gradients and optimizer state in host memory")
+    return RankEstimate(
+        rank=rank, coords=coords, stages=stages, layers=layers, holds_embedding=first, holds_head=head,
+        params=held, param_bytes=param_b, grad_bytes=param_b, optim_bytes=ADAMW_STATES * param_b,
+        gather_bytes=gather, activation_bytes=activations, offloaded=par.fsdp.cpu_offload and shard > 1,
+        notes=notes)
+
+
+def estimate_all(plan: Plan, degrees: ParallelDegrees) -> list[RankEstimate]:
+    return [estimate_rank(plan, degrees, r) for r in range(degrees.world_size)]
