@@ -1,0 +1,163 @@
+// NPU caching allocator core: pools, rounding, split/merge, per-stream reuse, stats, history.
+// Plain C++17 without torch headers (unit-tested directly by tests/allocator/core_test.cpp); the torch
+// adapter (npu_caching_allocator.cpp) wraps it as a c10::DeviceAllocator. Modelled on PyTorch's
+// CUDACachingAllocator / torch_npu's NPUCachingAllocator, over host memory (host_memory.h).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "alloc_config.h"
+
+namespace npudist::alloc {
+
+// Opaque allocation context (a captured stack trace); the core only stores and returns it.
+using Context = std::shared_ptr<void>;
+
+// What the core needs from the device runtime, injected so unit tests can fake it.
+class DeviceHooks {
+ public:
+  virtual ~DeviceHooks() = default;
+  virtual int device_count() = 0;
+  virtual size_t device_capacity(int device) = 0;
+  // A marker is done once the stream has run everything enqueued before record_marker.
+  virtual std::shared_ptr<void> record_marker(int device, int64_t stream) = 0;
+  virtual bool marker_done(const std::shared_ptr<void>& marker) = 0;
+  virtual void marker_wait(const std::shared_ptr<void>& marker) = 0;
+};
+
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void increase(int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void decrease(int64_t n) {
+    current -= n;
+    freed += n;
+  }
+  void reset_accumulated() { allocated = freed = 0; }
+  void reset_peak() { peak = current; }
+};
+
+enum StatType : size_t { kAggregate = 0, kSmallPool = 1, kLargePool = 2, kNumStatTypes = 3 };
+using StatArray = std::array<Stat, kNumStatTypes>;
+
+// Same fields as c10::CachingDeviceAllocator::DeviceStats (torch.cuda.memory_stats keys).
+struct DeviceStats {
+  StatArray allocation, segment, active, inactive_split;
+  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  int64_t num_alloc_retries = 0, num_ooms = 0, num_sync_all_streams = 0;
+  int64_t num_device_alloc = 0, num_device_free = 0, num_oom_rejections = 0;
+  Stat oversize_allocations, oversize_segments;
+  int64_t max_split_size = 0;
+};
+
+enum class Action {
+  kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kSegmentMap, kSegmentUnmap,
+  kSnapshot, kOom
+};
+const char* action_name(Action a);           // the torch.cuda snapshot spelling, e.g. "free_requested"
+bool parse_action(const std::string& s, Action* out);
+
+struct TraceEntry {
+  Action action;
+  uintptr_t addr = 0;
+  size_t size = 0;
+  int64_t stream = 0;
+  Context context;
+  int64_t time_us = 0;
+  size_t device_free = 0;  // only for kOom
+};
+
+enum class BlockState { kActiveAllocated, kActivePendingFree, kInactive };
+
+struct BlockInfo {
+  uintptr_t address;
+  size_t size, requested_size;
+  BlockState state;
+  Context context;
+};
+
+struct SegmentInfo {
+  int device;
+  uintptr_t address;
+  size_t total_size = 0, allocated_size = 0, active_size = 0, requested_size = 0;
+  int64_t stream;
+  bool is_large, is_expandable;
+  std::vector<BlockInfo> blocks;
+};
+
+// _record_memory_history settings.
+struct HistoryOptions {
+  bool record_state = false;    // keep contexts on live blocks
+  bool record_trace = false;    // keep the alloc/free event ring buffer
+  bool context_on_free = false;  // contexts on free_requested entries too
+  size_t max_entries = SIZE_MAX;
+  std::vector<Action> skip;
+};
+
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Called (outside the allocator lock) before an OutOfMemoryError is thrown.
+using OomObserver = std::function<void(int device, size_t requested, size_t device_total,
+                                       size_t device_free)>;
+
+class DeviceAllocator;
+struct Block;
+
+class CachingAllocator {
+ public:
+  CachingAllocator(std::shared_ptr<DeviceHooks> hooks, AllocatorConfig cfg, bool caching_enabled);
+  ~CachingAllocator();
+
+  // size 0 returns nullptr. Throws OutOfMemoryError when the device is full even after freeing caches.
+  void* malloc(int device, size_t size, int64_t stream, const Context& ctx = {});
+  // Throws std::invalid_argument for a pointer this allocator did not return.
+  void free(void* ptr, const Context& ctx = {});
+  void record_stream(void* ptr, int64_t stream);
+  bool owns(void* ptr);
+  int device_count() const { return static_cast<int>(devices_.size()); }
+
+  void empty_cache();
+  DeviceStats stats(int device);
+  void reset_peak_stats(int device);
+  void reset_accumulated_stats(int device);
+  void set_memory_fraction(double fraction, int device);
+  double memory_fraction(int device);
+  std::pair<size_t, size_t> mem_info(int device);  // (free, total) device bytes
+
+  std::vector<SegmentInfo> snapshot();
+  std::vector<std::vector<TraceEntry>> traces();
+  void record_history(const HistoryOptions& opts, bool clear);
+  HistoryOptions history();
+  void attach_oom_observer(OomObserver obs);
+
+  void set_config(const AllocatorConfig& cfg);
+  AllocatorConfig config();
+  bool caching_enabled() const { return caching_; }
+
+ private:
+  DeviceAllocator& dev(int device);
+  std::shared_ptr<DeviceHooks> hooks_;
+  bool caching_;
+  std::vector<std::unique_ptr<DeviceAllocator>> devices_;
+  std::mutex map_mu_;
+  std::unordered_map<void*, Block*> live_;  // allocated pointer -> block
+  std::mutex cfg_mu_;
+  AllocatorConfig cfg_;
+  HistoryOptions history_;
+};
+
+}  // namespace npudist::alloc

@@ -1,0 +1,145 @@
+// Per-device state of the caching allocator (internal to device_core/allocator).
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <unordered_set>
+#include <vector>
+
+#include "caching_allocator.h"
+#include "host_memory.h"
+
+namespace npudist::alloc {
+
+struct BlockPool;
+
+// A contiguous chunk of a segment. Blocks of one segment form a doubly linked list in address order;
+// an expandable segment's list also holds unmapped (not committed) blocks.
+struct ExpandableSegment {
+  std::unique_ptr<ExpandableRegion> region;
+  int64_t stream;
+  BlockPool* pool;
+  size_t mapped_bytes = 0;
+};
+
+struct Block {
+  int device;
+  int64_t stream;
+  size_t size;
+  size_t requested_size = 0;
+  BlockPool* pool;
+  char* ptr;
+  bool allocated = false;
+  bool mapped = true;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  std::unordered_set<int64_t> stream_uses;  // other streams that used this block (record_stream)
+  int event_count = 0;                      // outstanding markers before it may be reused
+  int64_t gc_count_base = 0;                // pool's free-block searches when it became free
+  Context context;
+  ExpandableSegment* expandable = nullptr;
+
+  Block(int d, int64_t s, size_t sz, BlockPool* p, char* ptr_)
+      : device(d), stream(s), size(sz), pool(p), ptr(ptr_) {}
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct BlockCmp {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+  }
+};
+
+struct BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  std::set<Block*, BlockCmp> blocks;    // free, mapped, reusable
+  std::set<Block*, BlockCmp> unmapped;  // address space of expandable segments not yet committed
+  bool is_small;
+  int64_t get_free_blocks_call_count = 0;
+};
+
+struct AllocParams {
+  int64_t stream;
+  size_t size;        // rounded request
+  size_t alloc_size;  // segment size if a new segment is needed
+  BlockPool* pool;
+  Block* block = nullptr;
+  const Context* context;
+};
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, DeviceHooks* hooks, const AllocatorConfig& cfg, bool caching);
+  ~DeviceAllocator();
+
+  Block* malloc(size_t size, int64_t stream, const Context& ctx);
+  void free(Block* block, const Context& ctx);
+  void record_stream(Block* block, int64_t stream);
+  void empty_cache();
+
+  DeviceStats stats();
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  void set_memory_fraction(double fraction);
+  double memory_fraction();
+  std::pair<size_t, size_t> mem_info();
+  void set_config(const AllocatorConfig& cfg);
+
+  std::vector<SegmentInfo> snapshot();
+  std::vector<TraceEntry> trace();
+  void record_history(const HistoryOptions& opts, bool clear);
+  void attach_oom_observer(OomObserver obs);
+
+ private:
+  // All private helpers run with mu_ held.
+  size_t capacity() const { return capacity_; }
+  size_t allowed_bytes() const;
+  std::array<size_t, 2> stat_types(const BlockPool* pool) const;
+  bool get_free_block(AllocParams& p);
+  bool alloc_block(AllocParams& p, bool is_retry);
+  bool alloc_expandable(AllocParams& p);
+  ExpandableSegment* expandable_for(int64_t stream, BlockPool* pool);
+  Block* alloc_found_block(AllocParams& p, size_t orig_size, const Context& ctx);
+  bool should_split(const Block* block, size_t size) const;
+  void free_block(Block* block, const Context& ctx);
+  size_t try_merge_blocks(Block* dst, Block* src, BlockPool* pool);
+  void insert_events(Block* block);
+  void process_events(bool wait);
+  bool release_available_cached_blocks(const AllocParams& p);
+  bool release_cached_blocks(const Context& ctx);
+  void release_blocks(BlockPool* pool, const Context& ctx);
+  void release_block(Block* block, const Context& ctx);
+  void release_expandable_pages(Block* block, const Context& ctx);
+  void garbage_collect_cached_blocks(const Context& ctx);
+  void record_trace(Action a, uintptr_t addr, size_t size, int64_t stream, const Context& ctx,
+                    size_t device_free = 0);
+  std::string oom_message(size_t orig_size, size_t alloc_size) const;
+  std::vector<Block*> all_blocks() const;
+
+  int device_;
+  DeviceHooks* hooks_;
+  AllocatorConfig cfg_;
+  bool caching_;
+  size_t capacity_;
+  double fraction_ = 1.0;
+  bool fraction_set_ = false;
+  std::mutex mu_;
+  DeviceStats stats_;
+  BlockPool large_{false};
+  BlockPool small_{true};
+  std::unordered_set<Block*> active_blocks_;
+  std::deque<std::pair<std::shared_ptr<void>, Block*>> pending_;  // marker, block awaiting it
+  size_t total_reserved_ = 0;
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable_;
+  HistoryOptions history_;
+  std::vector<bool> skip_;  // by Action
+  std::vector<TraceEntry> trace_;
+  size_t trace_next_ = 0;
+  std::vector<OomObserver> oom_observers_;
+};
+
+}  // namespace npudist::alloc
