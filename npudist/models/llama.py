@@ -1,0 +1,210 @@
+"""A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention.
+
+Layout follows torchtitan so the parallel wrappers can address modules by stable names:
+``tok_embeddings``, ``layers.<i>.{attention_norm,attention.{wq,wk,wv,wo},ffn_norm,feed_forward.{w1,w2,w3}}``,
+``norm``, ``output``. ``layers`` is a ``ModuleDict`` keyed by the global layer index so that a pipeline stage
+that deletes the layers it does not own keeps the same parameter names as the full model. Any of
+``tok_embeddings``/``norm``/``output`` may be ``None`` on a pipeline stage; ``forward`` skips it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LlamaArgs:
+    vocab_size: int = 256  # byte-level tokenizer; pad (e.g. 264) if tp must divide it
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
+    ffn_hidden_dim: int | None = None  # None = SwiGLU default: 8/3 * dim rounded up to multiple_of
+    multiple_of: int = 16
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.dim % self.n_heads:
+            raise ValueError(f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(f"head dim dim/n_heads={self.dim // self.n_heads} must be even for rotary embeddings")
+        if self.ffn_hidden_dim is None:
+            hidden = int(2 * (4 * self.dim) / 3)
+            self.ffn_hidden_dim = self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm written with elementwise ops so it also runs on DTensor (sequence parallel)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed * self.weight
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+
+def compute_rope_cache(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_seq_len, head_dim/2]; real-valued (no complex dtype) so any backend can hold them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) by position-dependent angles. x: [bs, seq, heads, head_dim]."""
+    x_pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = x_pairs[..., 0], x_pairs[..., 1]
+    cos = cos[None, :, None, :]
+    sin = sin[None, :, None, :]
+    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention. Head counts are derived from the (possibly TP-sharded) projection
+    outputs, so the same code runs on a full module and on a tensor-parallel shard."""
+
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.n_rep = args.n_heads // args.n_kv_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x is the full sequence here even under sequence parallelism (the TP plan gathers it first), so
+        # the rotary tables are sliced here rather than by the caller, who may only hold a sequence shard.
+        bs, seqlen, _ = x.shape
+        cos, sin = cos[:seqlen], sin[:seqlen]
+        q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.n_rep > 1:
+            k = k.repeat_interleave(self.n_rep, dim=2)
+            v = v.repeat_interleave(self.n_rep, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: LlamaArgs):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        # Depth-scaled init of the output projections (as in torchtitan) keeps the residual stream stable.
+        self.out_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # The rotary tables go by keyword so TP input preparation only sees (and reshards) the activation.
+        h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self):
+        for lin in (self.attention.wq, self.attention.wk, self.attention.wv, self.feed_forward.w1):
+            nn.init.trunc_normal_(lin.weight, mean=0.0, std=0.02)
+        for lin in (self.attention.wo, self.feed_forward.w2, self.feed_forward.w3):
+            nn.init.trunc_normal_(lin.weight, mean=0.0, std=self.out_init_std)
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = compute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta)
+        # Non-persistent: derived data, never checkpointed; moved with .to(device) like any buffer.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_weights(self):
+        nn.init.normal_(self.tok_embeddings.weight, std=1.0 if not self.args.tie_embeddings else 0.02)
+        for block in self.layers.values():
+            block.init_weights()
+        self.norm.reset_parameters()
+        cutoff = 3 / self.args.dim ** 0.5
+        nn.init.trunc_normal_(self.output.weight, std=self.args.dim ** -0.5, a=-cutoff, b=cutoff)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [bs, seq] int64 (or hidden states [bs, seq, dim] on a later pipeline stage) -> logits or
+        hidden states (a stage without ``output``)."""
+        if self.tok_embeddings is not None:
+            if tokens.shape[1] > self.args.max_seq_len:
+                raise ValueError(
+                    f"sequence length {tokens.shape[1]} exceeds model.max_seq_len={self.args.max_seq_len}")
+            h = self.tok_embeddings(tokens)
+        else:
+            h = tokens
+        for block in self.layers.values():
+            h = block(h, self.rope_cos, self.rope_sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        if exclude_embedding and self.tok_embeddings is not None:
+            n -= self.tok_embeddings.weight.numel()
+        return n
+
+
+def build_model(model_cfg) -> Transformer:
+    """The decoder described by a plan's ``ModelConfig`` (built on the current default device)."""
+    if model_cfg.name != "llama":
+        raise ValueError(f"model.name={model_cfg.name!r} is unknown; the built-in model is 'llama'")
+    return Transformer(LlamaArgs(
+        vocab_size=model_cfg.vocab_size, dim=model_cfg.dim, n_layers=model_cfg.n_layers,
+        n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads, ffn_hidden_dim=model_cfg.ffn_hidden_dim,
+        max_seq_len=model_cfg.max_seq_len, rope_theta=model_cfg.rope_theta, norm_eps=model_cfg.norm_eps,
+        tie_embeddings=model_cfg.tie_embeddings))

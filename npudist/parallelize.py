@@ -1,0 +1,122 @@
+"""``parallelize(model, plan, mesh)``: apply a plan's parallelisms in torchtitan's order.
+
+1. Pipeline split (``npudist.pp``) into this rank's stage modules;
+2. in each stage: tensor parallelism (``npudist.tp``), then activation checkpointing, then FSDP per block
+   and the stage root (``npudist.fsdp``).
+
+TP must precede FSDP so that FSDP shards the already tensor-parallel DTensors along the data-parallel mesh
+dim (2-D parameters); AC must precede FSDP so FSDP's hooks surround the recomputed region.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from npudist.fsdp import apply_activation_checkpointing, apply_fsdp
+from npudist.mesh import get_dp_mesh, get_fsdp_mesh, get_pp_mesh, get_tp_mesh
+from npudist.pp import build_pipeline
+from npudist.tp import apply_tp
+from npudist.train.loss import cross_entropy_loss, loss_context
+
+@dataclass
+class ParallelModel:
+    """This rank's share of a parallelized model."""
+    parts: list[nn.Module]                 # one per local pipeline stage (one part without PP)
+    device: torch.device
+    mesh: DeviceMesh | None
+    loss_fn: Callable
+    loss_parallel: bool = False
+    schedule: object = None                # a torch PipelineSchedule when pp_degree > 1
+    stage_ids: list[int] = field(default_factory=lambda: [0])
+    num_stages: int = 1
+    pp_mesh: DeviceMesh | None = None
+
+    @property
+    def pp_group(self):
+        return self.pp_mesh.get_group() if self.pp_mesh is not None else None
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def parameters(self):
+        seen = set()
+        for part in self.parts:
+            for p in part.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
+
+    def named_parameters(self):
+        """FQNs of the unsplit model (pipeline stages keep them)."""
+        seen = set()
+        for part in self.parts:
+            for name, p in part.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield name, p
+
+    def loss_context(self):
+        return loss_context(self.loss_parallel)
+
+    def train(self, mode: bool = True):
+        for part in self.parts:
+            part.train(mode)
+        return self
+
+
+def resolve_device(device_type: str) -> torch.device:
+    if device_type == "cpu":
+        return torch.device("cpu")
+    mod = getattr(torch, device_type, None)
+    if mod is None or not mod.is_available():
+        raise ValueError(f"training.device={device_type!r} is not available in this process; "
+                         "import npudist (which registers the npu device) or use device: cpu")
+    return torch.device(device_type, mod.current_device())
+
+
+def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callable | None = None,
+                n_microbatches: int | None = None) -> ParallelModel:
+    """Parallelize ``model`` (already initialised, identically on every rank) per ``plan.parallel``.
+
+    ``mesh`` comes from ``npudist.mesh.build_mesh`` (dims pp, dp_replicate, dp_shard, tp; size-1 dims
+    absent) or is None for a single process. The model is moved to ``plan.training.device`` first.
+    """
+    par = plan.parallel
+    device = resolve_device(plan.training.device)
+    model = model.to(device)
+    loss_fn = loss_fn or cross_entropy_loss
+    tp_mesh = get_tp_mesh(mesh) if mesh is not None else None
+    pp_mesh = get_pp_mesh(mesh) if mesh is not None else None
+    # FSDP over dp_shard (HSDP with dp_replicate); replicate-only data parallelism uses FSDP2's replicate.
+    dp_mesh = (get_fsdp_mesh(mesh) or get_dp_mesh(mesh)) if mesh is not None else None
+    loss_par = tp_mesh is not None and par.tp.loss_parallel
+
+    def parallelize_part(part: nn.Module) -> nn.Module:
+        if tp_mesh is not None:
+            apply_tp(part, tp_mesh, par.tp)
+        apply_activation_checkpointing(part, par.activation_checkpoint)
+        if dp_mesh is not None:
+            # Under PP each stage runs several micro-batch forwards per step: keep weights gathered.
+            apply_fsdp(part, dp_mesh, par.fsdp,
+                       reshard_after_forward=False if pp_mesh is not None else None)
+        return part
+
+    if pp_mesh is None:
+        return ParallelModel(parts=[parallelize_part(model)], device=device, mesh=mesh, loss_fn=loss_fn,
+                             loss_parallel=loss_par)
+    if n_microbatches is None:
+        n_microbatches = par.pp.resolved_microbatches(pp_mesh.size())
+    schedule, parts, stage_ids = build_pipeline(model, pp_mesh, par.pp, device, loss_fn, n_microbatches,
+                                                parallelize_stage=parallelize_part)
+    return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,
+                         schedule=schedule, stage_ids=stage_ids,
+                         num_stages=pp_mesh.size() * par.pp.virtual_stages, pp_mesh=pp_mesh)

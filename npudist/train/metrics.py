@@ -1,0 +1,79 @@
+"""Per-step reporting on rank 0: one human-readable line with a progress bar, and JSON-lines metrics."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+def memory_in_use(device: torch.device) -> tuple[int, str]:
+    """(bytes, label): allocator bytes in use on an accelerator, else this process's resident set."""
+    if device.type != "cpu":
+        mod = getattr(torch, device.type)
+        return int(mod.memory_allocated(device)), "dev"
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"), "rss"
+    except OSError:
+        return 0, "rss"
+
+
+def progress_bar(done: int, total: int, width: int = 20) -> str:
+    filled = int(width * done / max(total, 1))
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {100 * done // max(total, 1):3d}%"
+
+
+def format_seconds(s: float) -> str:
+    m, s = divmod(int(s), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class MetricsLogger:
+    """Writes only on rank 0 (the loss is already global). ``log_every`` thins the console lines but the
+    last step is always shown; every logged step is also one JSON object per line in ``metrics_path``."""
+
+    def __init__(self, logging_cfg, total_steps: int, tokens_per_step: int, device: torch.device,
+                 rank: int = 0, stream=None):
+        self.cfg, self.total, self.tokens_per_step, self.device = logging_cfg, total_steps, tokens_per_step, device
+        self.enabled = rank == 0
+        self.stream = stream or sys.stdout
+        self.start = time.perf_counter()
+        self._file = None
+        if self.enabled and logging_cfg.metrics_path:
+            os.makedirs(os.path.dirname(os.path.abspath(logging_cfg.metrics_path)), exist_ok=True)
+            self._file = open(logging_cfg.metrics_path, "a", encoding="utf-8")
+
+    def log(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float) -> dict:
+        mem, mem_kind = memory_in_use(self.device)
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens": step * self.tokens_per_step,
+                  "tokens_per_s": self.tokens_per_step / step_time if step_time > 0 else 0.0,
+                  "step_time_s": step_time, "elapsed_s": time.perf_counter() - self.start,
+                  "memory_bytes": mem, "memory_kind": mem_kind}
+        if not self.enabled:
+            return record
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if step % self.cfg.log_every == 0 or step == self.total:
+            bar = progress_bar(step, self.total) + " " if self.cfg.progress_bar else ""
+            eta = (self.total - step) * record["elapsed_s"] / max(step, 1)
+            line = (f"{bar}step {step:>{len(str(self.total))}}/{self.total} | loss {loss:.4f} | "
+                    f"tok/s {record['tokens_per_s']:,.0f} | mem({mem_kind}) {mem / 2**20:,.1f} MiB | "
+                    f"lr {lr:.2e} | gnorm {grad_norm:.3f} | {step_time:.2f} s/step | "
+                    f"{format_seconds(record['elapsed_s'])} elapsed, eta {format_seconds(eta)}")
+            print(line, file=self.stream, flush=True)
+        return record
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,106 @@
+"""The training run: plan -> process group -> mesh -> model -> parallelize -> data -> steps.
+
+``run(plan)`` is what ``examples/train.py`` calls after loading the plan. It expects the torchrun/npurun
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); without it, it runs as a one-rank world.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from npudist.data import TextDataset, default_corpus_path
+from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
+from npudist.models import build_model
+from npudist.parallelize import parallelize
+from npudist.train.metrics import MetricsLogger
+from npudist.train.optim import build_lr_scheduler, build_optimizer
+from npudist.train.seed import set_seed
+from npudist.train.step import NonFiniteLossError, train_step
+
+
+@dataclass
+class RunResult:
+    losses: list[float]
+    tokens_per_s: float        # median over steps after the first (which includes warm-up work)
+    final_step: int
+
+
+def _init_distributed(plan) -> tuple[int, int]:
+    if "WORLD_SIZE" not in os.environ:
+        # One-rank world (python examples/train.py): a private TCP store on a free port.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if plan.training.device == "npu":
+        import npudist  # noqa: F401  (registers the npu device and the hccl backend)
+        torch.npu.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(plan.training.resolved_backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def run(plan, log_stream=None) -> RunResult:
+    """Train per ``plan`` (validated for this world size). Raises ``NonFiniteLossError`` on a NaN/inf loss."""
+    rank, world = _init_distributed(plan)
+    try:
+        return _train(plan, rank, world, log_stream)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(plan, rank: int, world: int, log_stream) -> RunResult:
+    mesh = build_mesh(plan.parallel, device_type=plan.training.device)
+    set_seed(plan.training.seed, plan.training.deterministic)
+    model = build_model(plan.model)   # same init on every rank; parallelize splits and shards it
+    n_params = model.num_params()
+    pm = parallelize(model, plan, mesh)
+    del model
+    optimizer = build_optimizer(list(pm.named_parameters()), plan.optimizer)
+    steps = plan.training.steps
+    scheduler = build_lr_scheduler(optimizer, plan.schedule, steps)
+
+    dp, dp_rank = dim_size(mesh, "dp"), dim_rank(mesh, "dp")
+    if plan.data.path:
+        path = plan.data.path
+    else:
+        if rank == 0:
+            path = default_corpus_path()
+        dist.barrier()   # rank 0 generates the corpus once; the others then find it cached
+        path = default_corpus_path()
+    dataset = TextDataset(path, plan.data.seq_len, plan.data.micro_batch_size, dp_rank=dp_rank,
+                          dp_degree=dp, seed=plan.data.seed)
+    accum = plan.data.grad_accum_steps(dp)
+    tokens_per_step = plan.data.global_batch_size * plan.data.seq_len
+    logger = MetricsLogger(plan.logging, steps, tokens_per_step, pm.device, rank, log_stream)
+    logger.message(f"npudist train: {world} ranks, {describe_mesh(mesh)} | model {n_params / 1e6:.2f}M params | "
+                   f"data {os.path.basename(path)} ({dataset.num_windows} windows of {plan.data.seq_len}) | "
+                   f"global batch {plan.data.global_batch_size} = micro {plan.data.micro_batch_size} x dp {dp} "
+                   f"x accum {accum} | {steps} steps")
+    losses, rates = [], []
+    try:
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            batches = [dataset.next_batch() for _ in range(accum)]
+            lr = scheduler.get_last_lr()[0]
+            try:
+                loss, grad_norm = train_step(pm, optimizer, scheduler, batches, plan.training.max_grad_norm)
+            except NonFiniteLossError as e:
+                raise NonFiniteLossError(
+                    f"step {step}: {e} (last finite loss {losses[-1] if losses else 'none'}); stopping. Lower "
+                    "optimizer.lr, set training.max_grad_norm, or check the data") from None
+            dt = time.perf_counter() - t0
+            losses.append(loss)
+            rates.append(tokens_per_step / dt)
+            logger.log(step, loss, lr, grad_norm, dt)
+    finally:
+        logger.close()
+    steady = sorted(rates[1:] or rates)
+    return RunResult(losses=losses, tokens_per_s=steady[len(steady) // 2], final_step=len(losses))
