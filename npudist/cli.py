@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 EXIT_INVALID = 2
@@ -51,7 +52,10 @@ def _plan_check(args, extra: list[str]) -> int:
     except PlanError as e:
         print(str(e), file=sys.stderr)
         return EXIT_INVALID
-    print(json.dumps(report_dict(plan, degrees), indent=1) if args.json else text)
+    try:
+        print(json.dumps(report_dict(plan, degrees), indent=1) if args.json else text, flush=True)
+    except BrokenPipeError:   # `npudist plan check ... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

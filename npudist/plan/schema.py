@@ -7,7 +7,7 @@ Cross-field rules (degrees vs world size, divisibility, ...) live in ``npudist.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "prepare_input"]
 PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"]
@@ -120,7 +120,7 @@ class PPConfig:
     microbatches: Optional[int] = None     # per optimizer micro-step; None = number of pipeline stages
     # Layer indices where a new stage starts (len = stages - 1); "layers.N" strings are accepted too.
     # None = automatic balance (n_layers split evenly over the stages).
-    split_points: Optional[list[int]] = None
+    split_points: Optional[list[Union[int, str]]] = None
     virtual_stages: int = 1                # stages per pp rank (>1 for interleaved / ZBV schedules)
 
     def num_stages(self, pp_degree: int) -> int:

@@ -124,7 +124,7 @@ def _check_pattern_hits(c: _Checks, p: Plan, key: str, pattern: str) -> None:
     if problem:
         c.fail(key, problem)
         return
-    if not c.ok("model.n_layers"):
+    if not c.ok("model.n_layers") or p.model.n_layers < 1:
         return
     names = module_names(p.model)
     if not any(matches(pattern, n) for n in names):
@@ -140,8 +140,11 @@ def _check_tp(c: _Checks, p: Plan, tp: int) -> None:
     if tp <= 1:
         return
     reads = ("parallel.tp_degree",)
+    explicit_kv = m.n_kv_heads is not None and m.n_kv_heads != m.n_heads   # else n_heads says it all
     for name, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
                         ("model.ffn_hidden_dim", m.ffn_hidden_dim)):
+        if name == "model.n_kv_heads" and not explicit_kv:
+            continue
         if value % tp:
             c.fail(name, f"{value} is not divisible by parallel.tp_degree={tp} (tensor parallelism splits it "
                    "evenly over the tp ranks)", *reads, "model.n_heads")
