@@ -1,0 +1,138 @@
+"""Worker output handling: torchrun's DefaultLogsSpecs plus a global-rank console filter and a hook
+that reports each (re)start of the local worker group.
+
+``LogsSpecs.reify`` is the one public extension point torchrun calls after the rendezvous, with the
+environment of every local worker (RANK, WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT...), on the
+first start and on every restart. That is exactly the information the start summary needs, so npurun
+hooks it there instead of replacing torchrun's agent.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsDest, Std
+
+_NO_RANK = -1  # a local-rank filter that matches nobody (an empty set would mean "no filter")
+
+
+@dataclass
+class WorkerGroupInfo:
+    """What the agent assigned to this node's workers at one (re)start."""
+
+    attempt: int
+    node_rank: int
+    num_nodes: int
+    world_size: int
+    ranks: dict[int, int]  # local rank -> global rank
+    master: str
+    run_id: str
+    log_dir: str
+    stderr_files: dict[int, str] = field(default_factory=dict)
+    error_files: dict[int, str] = field(default_factory=dict)
+
+
+class NpurunLogsSpecs(DefaultLogsSpecs):
+    """DefaultLogsSpecs that also filters the console by global rank and reports every start."""
+
+    def __init__(
+        self,
+        log_dir: str | None,
+        redirects: Std | dict[int, Std],
+        tee: Std | dict[int, Std],
+        local_ranks_filter: set[int] | None = None,
+        global_ranks_filter: set[int] | None = None,
+        on_start: Callable[[WorkerGroupInfo], None] | None = None,
+    ) -> None:
+        super().__init__(log_dir=log_dir, redirects=redirects, tee=tee, local_ranks_filter=local_ranks_filter)
+        self._user_local_filter = local_ranks_filter
+        self._global_filter = global_ranks_filter
+        self._on_start = on_start
+        self.last_start: WorkerGroupInfo | None = None
+
+    def _console_local_ranks(self, ranks: dict[int, int]) -> set[int] | None:
+        shown = set(ranks)
+        if self._user_local_filter:
+            shown &= self._user_local_filter
+        if self._global_filter is not None:
+            shown = {lr for lr in shown if ranks[lr] in self._global_filter}
+        if shown == set(ranks):
+            return None
+        return shown or {_NO_RANK}
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        ranks = {lr: int(env["RANK"]) for lr, env in envs.items()}
+        self._local_ranks_filter = self._console_local_ranks(ranks)
+        dest = super().reify(envs)
+        first = envs[min(envs)] if envs else {}
+        info = WorkerGroupInfo(
+            attempt=int(first.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            node_rank=int(first.get("GROUP_RANK", "0")),
+            num_nodes=int(first.get("GROUP_WORLD_SIZE", "1")),
+            world_size=int(first.get("WORLD_SIZE", str(len(envs)))),
+            ranks=ranks,
+            master=f"{first.get('MASTER_ADDR', '?')}:{first.get('MASTER_PORT', '?')}",
+            run_id=first.get("TORCHELASTIC_RUN_ID", ""),
+            log_dir=_attempt_dir(dest),
+            stderr_files={lr: p for lr, p in dest.stderrs.items() if p and p != os.devnull},
+            error_files={lr: p for lr, p in dest.error_files.items() if p and p != os.devnull},
+        )
+        self.last_start = info
+        if self._on_start is not None:
+            self._on_start(info)
+        return dest
+
+
+def _attempt_dir(dest: LogsDest) -> str:
+    """<log_dir>/<run_id>_xxx/attempt_<n>, derived from <attempt dir>/<local rank>/error.json."""
+    for path in dest.error_files.values():
+        if path and path != os.devnull:
+            return os.path.dirname(os.path.dirname(path))
+    return ""
+
+
+def read_error_message(error_file: str) -> str | None:
+    """The one-line 'ExceptionType: message' a worker recorded in its error file, if any."""
+    try:
+        with open(error_file) as fp:
+            msg = json.load(fp).get("message", "")
+    except (OSError, ValueError):
+        return None
+    if isinstance(msg, dict):
+        msg = msg.get("message", "")
+    return str(msg).strip() or None
+
+
+def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_lines: int = 4) -> list[str]:
+    """The lines that say what went wrong in a failed worker.
+
+    Prefers the traceback torchelastic's error file recorded (its innermost frame and the exception),
+    else the tail of the worker's captured stderr (crashes that raised no Python exception).
+    """
+    if error_file and os.path.isfile(error_file):
+        try:
+            with open(error_file) as fp:
+                data = json.load(fp)
+            msg = data.get("message", "")
+            if isinstance(msg, dict):
+                text = msg.get("extraInfo", {}).get("py_callstack") or msg.get("message", "")
+            else:
+                text = str(msg)
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
+            if frames:  # the innermost frame and the exception it raised
+                return lines[frames[-1]:][: max_lines + 2]
+            if lines:
+                return lines[-max_lines:]
+        except (OSError, ValueError):
+            pass
+    if stderr_file and os.path.isfile(stderr_file):
+        try:
+            with open(stderr_file, errors="replace") as fp:
+                lines = [ln.rstrip("\n") for ln in fp if ln.strip()]
+            return lines[-max_lines:]
+        except OSError:
+            pass
+    return []

@@ -1,0 +1,20 @@
+"""Worker for CPU (gloo) launcher tests: reports what the launcher gave it, checks an all_reduce."""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+info = {
+    "rank": rank, "world": world, "local_rank": int(os.environ["LOCAL_RANK"]),
+    "group_rank": int(os.environ["GROUP_RANK"]), "sum": t.item(), "argv": sys.argv[1:],
+    "name": __name__, "path0": sys.path[0], "node_id": os.environ.get("NPUDIST_NODE_ID"),
+    "hccl_timeout": os.environ.get("HCCL_EXEC_TIMEOUT"), "hccl_buffsize": os.environ.get("HCCL_BUFFSIZE"),
+}
+print("REPORT " + json.dumps(info), flush=True)
+dist.destroy_process_group()

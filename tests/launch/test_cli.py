@@ -1,0 +1,141 @@
+"""Unit tests of npurun's pieces that need no worker processes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npudist.launch import devices, main as npurun_main
+from npudist.launch.cli import parse_args
+from npudist.launch.devices import LaunchError, resolve_nproc
+from npudist.launch.logs import NpurunLogsSpecs, read_error_excerpt
+from npudist.launch.summary import format_ranges
+from npudist.launch.worker import parse_worker_argv
+from torch.distributed.elastic.multiprocessing import Std
+
+
+def test_torchrun_options_and_nproc_alias():
+    _, args = parse_args(["--nnodes", "1:2", "--nproc", "4", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                          "--master-port", "1234", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400",
+                          "--rdzv-id", "job7", "--max-restarts", "2", "--monitor-interval", "0.5",
+                          "--log-dir", "/tmp/x", "--redirects", "3", "--tee", "1", "--run-path",
+                          "/abs/train.py", "--lr", "0.1"])
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("1:2", "4", 1)
+    assert (args.master_addr, args.master_port, args.rdzv_backend) == ("10.0.0.1", 1234, "c10d")
+    assert (args.rdzv_endpoint, args.rdzv_id, args.max_restarts) == ("h:29400", "job7", 2)
+    assert (args.monitor_interval, args.log_dir, args.redirects, args.tee) == (0.5, "/tmp/x", "3", "1")
+    assert args.run_path and args.training_script == "/abs/train.py"
+    assert args.training_script_args == ["--lr", "0.1"]  # the script's own options stay the script's
+
+
+def test_nproc_long_form_and_default():
+    assert parse_args(["--nproc-per-node", "3", "t.py"])[1].nproc_per_node == "3"
+    assert parse_args(["--nproc_per_node", "2", "t.py"])[1].nproc_per_node == "2"
+    assert parse_args(["t.py"])[1].nproc_per_node == "1"  # torchrun's default
+
+
+def test_npu_and_output_options():
+    _, args = parse_args(["--node-id", "nodeB", "--hccl-timeout", "60", "--hccl-buffsize", "16",
+                          "--rank0-only", "-m", "pkg.train"])
+    assert (args.node_id, args.hccl_timeout, args.hccl_buffsize) == ("nodeB", 60, 16)
+    assert args.ranks_filter == {0} and args.module and args.training_script == "pkg.train"
+    assert parse_args(["--ranks-filter", "1,3", "t.py"])[1].ranks_filter == {1, 3}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--hccl-timeout", "0", "t.py"], "positive integer"),
+    (["--hccl-buffsize", "lots", "t.py"], "positive integer"),
+    (["--ranks-filter", "a,b", "t.py"], "comma-separated list"),
+    (["--rank0-only", "--ranks-filter", "1", "t.py"], "contradicts"),
+    (["--device", "gpu", "t.py"], "invalid choice"),
+])
+def test_bad_options_exit_2_with_reason(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_nproc_resolution_against_visible_devices(monkeypatch):
+    monkeypatch.setattr(devices, "count_visible_npus", lambda: 4)
+    assert resolve_nproc("auto", "npu") == (4, 4)
+    assert resolve_nproc("npu", "npu") == (4, 4)
+    assert resolve_nproc("2", "npu") == (2, 4)
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(LaunchError, match=r"asks for 5 ranks per node but only 4 npu device\(s\) are visible "
+                                          r"\(ASCEND_RT_VISIBLE_DEVICES=0,1,2,3\)"):
+        resolve_nproc("5", "npu")
+    with pytest.raises(LaunchError, match="positive number of ranks"):
+        resolve_nproc("0", "npu")
+    with pytest.raises(LaunchError, match="use an integer or 'auto'"):
+        resolve_nproc("many", "npu")
+
+
+def test_nproc_cpu_device_skips_device_check(monkeypatch):
+    def fail():
+        raise AssertionError("--device cpu must not look at npu devices")
+    monkeypatch.setattr(devices, "count_visible_npus", fail)
+    assert resolve_nproc("64", "cpu") == (64, None)
+    assert resolve_nproc("auto", "cpu")[0] >= 1
+
+
+def test_too_many_ranks_is_a_usage_error_before_launch(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "count_visible_npus", lambda: 2)
+
+    def no_launch(*a, **k):
+        raise AssertionError("nothing may start when the request cannot work")
+    monkeypatch.setattr(npurun_main, "elastic_launch", no_launch)
+    with pytest.raises(SystemExit) as exc:
+        npurun_main.run(["--nproc", "3", "train.py"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "asks for 3 ranks per node but only 2 npu device(s) are visible" in err
+
+
+def test_worker_argv():
+    w = parse_worker_argv(["--device", "cpu", "train.py", "--device", "x", "-m"])
+    assert (w.device, w.module, w.target, w.args) == ("cpu", False, "train.py", ["--device", "x", "-m"])
+    w = parse_worker_argv(["-m", "pkg.mod", "a"])
+    assert (w.device, w.module, w.target, w.args) == ("npu", True, "pkg.mod", ["a"])
+    with pytest.raises(ValueError, match="missing the script"):
+        parse_worker_argv(["--device", "npu"])
+    with pytest.raises(ValueError, match="unknown --device"):
+        parse_worker_argv(["--device", "tpu", "t.py"])
+
+
+def test_format_ranges():
+    assert format_ranges([3, 0, 1, 2, 5, 7, 8]) == "0-3,5,7-8"
+    assert format_ranges([4]) == "4"
+
+
+def _envs(ranks):
+    return {lr: {"RANK": str(r), "TORCHELASTIC_RUN_ID": "t", "TORCHELASTIC_RESTART_COUNT": "0",
+                 "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "4"} for lr, r in ranks.items()}
+
+
+def test_global_rank_filter_selects_console_ranks(tmp_path):
+    seen = []
+    spec = NpurunLogsSpecs(str(tmp_path), Std.NONE, Std.ALL, global_ranks_filter={3}, on_start=seen.append)
+    dest = spec.reify(_envs({0: 2, 1: 3}))
+    assert set(dest.tee_stdouts) == {1} and set(dest.tee_stderrs) == {1}
+    assert set(dest.stdouts) == {0, 1}  # every rank still logs to its file
+    info = seen[0]
+    assert (info.node_rank, info.num_nodes, info.world_size, info.ranks) == (1, 2, 4, {0: 2, 1: 3})
+    # A node without any selected rank shows nothing (an empty filter would mean "show all").
+    spec = NpurunLogsSpecs(str(tmp_path / "b"), Std.NONE, Std.ALL, global_ranks_filter={0})
+    dest = spec.reify(_envs({0: 2, 1: 3}))
+    assert dest.tee_stdouts == {} and dest.tee_stderrs == {}
+
+
+def test_error_excerpt_prefers_innermost_frame(tmp_path):
+    tb = ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    main()\n'
+          '  File "train.py", line 5, in main\n    raise ValueError("bad lr")\nValueError: bad lr\n')
+    ef = tmp_path / "error.json"
+    ef.write_text(json.dumps({"message": {"message": "ValueError: bad lr",
+                                          "extraInfo": {"py_callstack": tb, "timestamp": "1"}}}))
+    assert read_error_excerpt(str(ef), None) == [
+        '  File "train.py", line 5, in main', '    raise ValueError("bad lr")', "ValueError: bad lr"]
+    se = tmp_path / "stderr.log"
+    se.write_text("a\n\nb\nc\nd\ne\n")
+    assert read_error_excerpt(None, str(se)) == ["b", "c", "d", "e"]
+    assert read_error_excerpt(str(tmp_path / "missing.json"), None) == []

@@ -1,0 +1,113 @@
+"""npurun end to end with gloo on CPU (--device cpu): launcher mechanics independent of the npu device."""
+from __future__ import annotations
+
+import json
+import re
+
+from conftest import SCRIPTS, finish, free_port, run_npurun, start_npurun, worker_lines
+
+
+def _reports(result):
+    return {r: json.loads(v) for r, v in worker_lines(result, "REPORT").items()}
+
+
+def test_single_node_two_ranks(workdir):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "report_cpu.py"), "--lr", "0.5"], workdir)
+    assert res.returncode == 0, res.output
+    reports = _reports(res)
+    assert sorted(reports) == [0, 1]
+    for rank, rep in reports.items():
+        assert (rep["rank"], rep["world"], rep["local_rank"]) == (rank, 2, rank)
+        assert rep["sum"] == 3.0 and rep["argv"] == ["--lr", "0.5"]
+        assert rep["name"] == "__main__" and rep["path0"] == str(SCRIPTS)  # as `python script.py`
+    start, end = res.summary_lines()[0], res.summary_lines()[-1]
+    assert re.search(r"start attempt 1/1: nodes 1 .*ranks 0-1 of 2, devices cpu .*rendezvous c10d \(standalone\)",
+                     start), start
+    assert "finished OK" in end and "ranks 0-1 of 2" in end
+
+
+def test_rank0_only_and_hccl_env(workdir):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--rank0-only", "--hccl-timeout", "77",
+                      "--hccl-buffsize", "32", "--node-id", "boxA", str(SCRIPTS / "report_cpu.py")], workdir)
+    assert res.returncode == 0, res.output
+    reports = _reports(res)
+    assert sorted(reports) == [0]  # rank 1 ran (the all_reduce needs it) but is not shown
+    assert reports[0]["sum"] == 3.0
+    assert (reports[0]["hccl_timeout"], reports[0]["hccl_buffsize"], reports[0]["node_id"]) == ("77", "32", "boxA")
+    assert "HCCL_BUFFSIZE=32 HCCL_EXEC_TIMEOUT=77" in res.summary_lines()[0]
+    assert "id 'boxA'" in res.summary_lines()[0]
+
+
+def test_module_and_run_path_modes(workdir):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "-m", "pkg_entry", "x", "y"], workdir,
+                     env={"PYTHONPATH": str(SCRIPTS)})
+    assert res.returncode == 0, res.output
+    assert sorted(worker_lines(res, "MODULE").values()) == [
+        "rank=0 name=__main__ argv=['x', 'y']", "rank=1 name=__main__ argv=['x', 'y']"]
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--run-path", str(SCRIPTS / "report_cpu.py"), "z"],
+                     workdir)
+    assert res.returncode == 0, res.output
+    reports = _reports(res)
+    assert sorted(reports) == [0, 1] and reports[1]["argv"] == ["z"] and reports[1]["sum"] == 3.0
+
+
+def test_crashing_worker_fails_job_and_names_rank(workdir):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], workdir,
+                     env={"CRASH_RANK": "1", "SURVIVOR_SLEEP": "30"})
+    assert res.returncode == 1, res.output
+    failed = [ln for ln in res.summary_lines() if "FAILED" in ln]
+    assert len(failed) == 1, res.output
+    assert "rank 1 (local 1) exit code 1" in failed[0]
+    assert "rank 0 (local 0) signal SIGTERM (stopped after the failure)" in failed[0]  # survivor was ended
+    details = [ln for ln in res.summary_lines() if ln.startswith("npurun:   rank 1: ")]
+    assert any("raise ValueError" in ln for ln in details), res.output
+    assert details[-1].endswith("ValueError: corrupt batch at step 7 on rank 1")
+    assert "DONE" not in res.stdout
+
+
+def test_exit_code_and_signal_failures_show_stderr(workdir):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], workdir,
+                     env={"CRASH_RANK": "0", "CRASH_MODE": "exit"})
+    assert res.returncode == 1, res.output
+    assert "rank 0 (local 0) exit code 3" in res.output
+    assert "npurun:   rank 0: giving up with exit code 3" in res.output  # from the rank's captured stderr
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], workdir,
+                     env={"CRASH_RANK": "1", "CRASH_MODE": "abort"})
+    assert res.returncode == 1, res.output
+    assert "rank 1 (local 1) signal SIGABRT" in res.output
+
+
+def test_max_restarts_restarts_once(workdir):
+    script = str(SCRIPTS / "crash.py")
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], workdir,
+                     env={"CRASH_RANK": "1", "CRASH_ATTEMPTS": "1"})
+    assert res.returncode == 0, res.output
+    alive = re.findall(r"ALIVE rank=\d attempt=\d", res.stdout)
+    assert sorted(alive) == ["ALIVE rank=0 attempt=0", "ALIVE rank=0 attempt=1",
+                             "ALIVE rank=1 attempt=0", "ALIVE rank=1 attempt=1"]
+    starts = [ln for ln in res.summary_lines() if " start attempt " in ln]
+    assert ["attempt 1/2" in starts[0], "attempt 2/2" in starts[1], len(starts)] == [True, True, 2]
+    restart = [ln for ln in res.summary_lines() if "restarting" in ln]
+    assert len(restart) == 1 and "rank 1: ValueError: corrupt batch" in restart[0]
+    # A worker that keeps failing uses up the single restart and fails the job.
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], workdir,
+                     env={"CRASH_RANK": "1"})
+    assert res.returncode == 1, res.output
+    assert len(re.findall(r"ALIVE rank=1", res.stdout)) == 2
+    assert "2 attempt(s)" in [ln for ln in res.summary_lines() if "FAILED" in ln][0]
+
+
+def test_two_simulated_nodes_on_localhost(workdir):
+    port = free_port()
+    common = ["--device", "cpu", "--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(port), str(SCRIPTS / "report_cpu.py")]
+    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], workdir) for n in (0, 1)]
+    results = [finish(p) for p in procs]
+    for n, res in enumerate(results):
+        assert res.returncode == 0, res.output
+        reports = _reports(res)
+        assert sorted(reports) == [2 * n, 2 * n + 1]
+        for rank, rep in reports.items():
+            assert (rep["world"], rep["group_rank"], rep["local_rank"]) == (4, n, rank - 2 * n)
+            assert rep["node_id"] == f"sim{n}" and rep["sum"] == 10.0
+        assert f"nodes 2 (this: node {n}, id 'sim{n}'), ranks {2 * n}-{2 * n + 1} of 4" in res.summary_lines()[0]
