@@ -4,15 +4,15 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import SCRIPTS, finish, free_port, run_npurun, start_npurun, worker_lines
+from launch_helpers import SCRIPTS, finish, free_port, run_npurun, start_npurun, worker_lines
 
 
 def _reports(result):
     return {r: json.loads(v) for r, v in worker_lines(result, "REPORT").items()}
 
 
-def test_single_node_two_ranks(workdir):
-    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "report_cpu.py"), "--lr", "0.5"], workdir)
+def test_single_node_two_ranks(tmp_path):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "report_cpu.py"), "--lr", "0.5"], tmp_path)
     assert res.returncode == 0, res.output
     reports = _reports(res)
     assert sorted(reports) == [0, 1]
@@ -26,9 +26,9 @@ def test_single_node_two_ranks(workdir):
     assert "finished OK" in end and "ranks 0-1 of 2" in end
 
 
-def test_rank0_only_and_hccl_env(workdir):
+def test_rank0_only_and_hccl_env(tmp_path):
     res = run_npurun(["--device", "cpu", "--nproc", "2", "--rank0-only", "--hccl-timeout", "77",
-                      "--hccl-buffsize", "32", "--node-id", "boxA", str(SCRIPTS / "report_cpu.py")], workdir)
+                      "--hccl-buffsize", "32", "--node-id", "boxA", str(SCRIPTS / "report_cpu.py")], tmp_path)
     assert res.returncode == 0, res.output
     reports = _reports(res)
     assert sorted(reports) == [0]  # rank 1 ran (the all_reduce needs it) but is not shown
@@ -38,21 +38,21 @@ def test_rank0_only_and_hccl_env(workdir):
     assert "id 'boxA'" in res.summary_lines()[0]
 
 
-def test_module_and_run_path_modes(workdir):
-    res = run_npurun(["--device", "cpu", "--nproc", "2", "-m", "pkg_entry", "x", "y"], workdir,
+def test_module_and_run_path_modes(tmp_path):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "-m", "pkg_entry", "x", "y"], tmp_path,
                      env={"PYTHONPATH": str(SCRIPTS)})
     assert res.returncode == 0, res.output
     assert sorted(worker_lines(res, "MODULE").values()) == [
         "rank=0 name=__main__ argv=['x', 'y']", "rank=1 name=__main__ argv=['x', 'y']"]
     res = run_npurun(["--device", "cpu", "--nproc", "2", "--run-path", str(SCRIPTS / "report_cpu.py"), "z"],
-                     workdir)
+                     tmp_path)
     assert res.returncode == 0, res.output
     reports = _reports(res)
     assert sorted(reports) == [0, 1] and reports[1]["argv"] == ["z"] and reports[1]["sum"] == 3.0
 
 
-def test_crashing_worker_fails_job_and_names_rank(workdir):
-    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], workdir,
+def test_crashing_worker_fails_job_and_names_rank(tmp_path):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
                      env={"CRASH_RANK": "1", "SURVIVOR_SLEEP": "30"})
     assert res.returncode == 1, res.output
     failed = [ln for ln in res.summary_lines() if "FAILED" in ln]
@@ -65,21 +65,21 @@ def test_crashing_worker_fails_job_and_names_rank(workdir):
     assert "DONE" not in res.stdout
 
 
-def test_exit_code_and_signal_failures_show_stderr(workdir):
-    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], workdir,
+def test_exit_code_and_signal_failures_show_stderr(tmp_path):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
                      env={"CRASH_RANK": "0", "CRASH_MODE": "exit"})
     assert res.returncode == 1, res.output
     assert "rank 0 (local 0) exit code 3" in res.output
     assert "npurun:   rank 0: giving up with exit code 3" in res.output  # from the rank's captured stderr
-    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], workdir,
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
                      env={"CRASH_RANK": "1", "CRASH_MODE": "abort"})
     assert res.returncode == 1, res.output
     assert "rank 1 (local 1) signal SIGABRT" in res.output
 
 
-def test_max_restarts_restarts_once(workdir):
+def test_max_restarts_restarts_once(tmp_path):
     script = str(SCRIPTS / "crash.py")
-    res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], workdir,
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], tmp_path,
                      env={"CRASH_RANK": "1", "CRASH_ATTEMPTS": "1"})
     assert res.returncode == 0, res.output
     alive = re.findall(r"ALIVE rank=\d attempt=\d", res.stdout)
@@ -90,18 +90,18 @@ def test_max_restarts_restarts_once(workdir):
     restart = [ln for ln in res.summary_lines() if "restarting" in ln]
     assert len(restart) == 1 and "rank 1: ValueError: corrupt batch" in restart[0]
     # A worker that keeps failing uses up the single restart and fails the job.
-    res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], workdir,
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], tmp_path,
                      env={"CRASH_RANK": "1"})
     assert res.returncode == 1, res.output
     assert len(re.findall(r"ALIVE rank=1", res.stdout)) == 2
     assert "2 attempt(s)" in [ln for ln in res.summary_lines() if "FAILED" in ln][0]
 
 
-def test_two_simulated_nodes_on_localhost(workdir):
+def test_two_simulated_nodes_on_localhost(tmp_path):
     port = free_port()
     common = ["--device", "cpu", "--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1",
               "--master-port", str(port), str(SCRIPTS / "report_cpu.py")]
-    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], workdir) for n in (0, 1)]
+    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], tmp_path) for n in (0, 1)]
     results = [finish(p) for p in procs]
     for n, res in enumerate(results):
         assert res.returncode == 0, res.output

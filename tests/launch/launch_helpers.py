@@ -75,8 +75,3 @@ def worker_lines(result: Result, tag: str) -> dict[int, str]:
             rank = int(ln[len("[rank"):ln.index("]")])
             found[rank] = ln.split(f"]: {tag} ", 1)[1]
     return found
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path
