@@ -128,7 +128,8 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     gather = 0
     if shard > 1:
         pbytes = DTYPE_BYTES[par.fsdp.param_dtype]
-        if par.fsdp.reshard_after_forward:
+        # parallelize() keeps parameters gathered under PP (every microbatch would re-gather them).
+        if par.fsdp.reshard_after_forward and degrees.pp == 1:
             biggest = sorted(unit_elems.values(), reverse=True)[:2]   # current unit + the prefetched one
             gather = pbytes * sum(biggest)
         else:
@@ -140,15 +141,16 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     tokens = (d.micro_batch_size // max(1, microbatches)) * d.seq_len
     per_layer, per_ckpt_layer = _block_activation(plan, degrees.tp)
     ac = par.activation_checkpoint
+    sp = degrees.tp if par.tp.sequence_parallel else 1
     layers_per_stage = max(len(ranges[s]) for s in stages)
     if ac.mode == "selective" and ac.selective_policy == "layer":
-        ckpt = layers_per_stage // ac.every_n_layers
-        block = (layers_per_stage - ckpt) * per_layer + ckpt * m.dim
+        # blocks with a global index divisible by every_n_layers are checkpointed (npudist.fsdp)
+        ckpt = max(sum(1 for i in ranges[s] if i % ac.every_n_layers == 0) for s in stages)
+        block = (layers_per_stage - ckpt) * per_layer + ckpt * m.dim / sp
     elif ac.mode == "full":
         block = layers_per_stage * per_ckpt_layer
     else:
         block = layers_per_stage * per_layer
-    sp = degrees.tp if par.tp.sequence_parallel else 1
     extra = (m.dim / sp if first else 0)
     logits = 0
     if head:
