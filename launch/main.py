@@ -170,6 +170,10 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Worker lines are relayed through this process: flush each one even when stdout is a pipe or file.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     sys.exit(run(argv))
 
 

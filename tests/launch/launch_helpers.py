@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +53,30 @@ def start_npurun(args: list[str], cwd: Path, env: dict[str, str] | None = None) 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT) -> Result:
+def collect_lines(stream) -> tuple[list[str], threading.Thread]:
+    """Read a pipe line by line on a thread (so a test can react to output while the job runs)."""
+    lines: list[str] = []
+
+    def pump():
+        for line in stream:
+            lines.append(line)
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    return lines, t
+
+
+def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT, stdout_lines: list[str] | None = None) -> Result:
+    """Wait for npurun (killing its whole session on timeout) and collect its output."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: agent + workers
         out, err = proc.communicate()
         pytest.fail(f"npurun timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
-    return Result(proc.returncode, out, err)
+    if stdout_lines is not None:  # stdout was consumed by collect_lines
+        out = "".join(stdout_lines)
+    return Result(proc.returncode, out or "", err or "")
 
 
 def run_npurun(args: list[str], cwd: Path, env: dict[str, str] | None = None,

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import time
 
-from launch_helpers import SCRIPTS, finish, free_port, run_npurun, start_npurun, worker_lines
+import pytest
+from launch_helpers import LAUNCH_TIMEOUT, SCRIPTS, collect_lines, finish, free_port, run_npurun, start_npurun, worker_lines
 
 
 def _reports(result):
@@ -111,3 +115,21 @@ def test_two_simulated_nodes_on_localhost(tmp_path):
             assert (rep["world"], rep["group_rank"], rep["local_rank"]) == (4, n, rank - 2 * n)
             assert rep["node_id"] == f"sim{n}" and rep["sum"] == 10.0
         assert f"nodes 2 (this: node {n}, id 'sim{n}'), ranks {2 * n}-{2 * n + 1} of 4" in res.summary_lines()[0]
+
+
+def test_sigterm_to_launcher_stops_workers(tmp_path):
+    proc = start_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "sleepy.py")], tmp_path)
+    lines, reader = collect_lines(proc.stdout)
+    deadline = time.monotonic() + 90
+    while sum("ALIVE" in ln for ln in lines) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    pids = [int(m) for m in re.findall(r"ALIVE rank=\d pid=(\d+)", "".join(lines))]
+    assert len(pids) == 2, "".join(lines)
+    proc.send_signal(signal.SIGTERM)
+    reader.join(timeout=LAUNCH_TIMEOUT)
+    res = finish(proc, stdout_lines=lines)
+    assert res.returncode == 128 + signal.SIGTERM, res.output
+    assert any(ln.startswith("npurun: stopped by SIGTERM") for ln in res.summary_lines()), res.output
+    for pid in pids:  # the agent ended its workers before exiting
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
