@@ -156,3 +156,24 @@ def test_python_dash_m_entry_point():
                           capture_output=True, text=True, timeout=90, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "parallel.dp_shard_degree: -1 cannot be filled" in proc.stderr
+
+
+def test_docs_cover_every_schema_key():
+    """docs/plans.md documents every field of every plan dataclass (so the reference cannot drift)."""
+    import dataclasses
+
+    from npudist.plan.convert import field_types
+    from npudist.plan.schema import Plan
+    doc = open(os.path.join(ROOT, "docs", "plans.md")).read()
+
+    def walk(cls):
+        for name, tp in field_types(cls).items():
+            if dataclasses.is_dataclass(tp):
+                yield from walk(tp)
+            else:
+                yield name
+    missing = [n for n in walk(Plan) if f"`{n}`" not in doc and f"`optimizer.{n}`" not in doc
+               and not any(f"`{s}.{n}`" in doc for s in Plan.SECTIONS)]
+    assert not missing, f"docs/plans.md lacks {missing}"
+    for path in PLANS:
+        assert f"`{os.path.basename(path)}`" in doc
