@@ -63,8 +63,8 @@ def train_step(pm, optimizer, lr_scheduler, micro_batches, max_grad_norm: float 
 
     Returns ``(loss, grad_norm)`` as floats. Gradients are averaged over micro-steps by dividing once after
     accumulation, which works identically for plain, DTensor and pipeline-scheduled backward passes.
-    Raises ``NonFiniteLossError`` (on every rank at once, since the loss is all-reduced) if the loss is not
-    finite; the optimizer is not stepped in that case.
+    Raises ``NonFiniteLossError`` (on every rank at once, since loss and norm are global) if the loss or the
+    gradient norm is not finite; the optimizer is not stepped in that case.
     """
     optimizer.zero_grad(set_to_none=True)
     local = [forward_backward(pm, x, y) for x, y in micro_batches]
@@ -83,6 +83,9 @@ def train_step(pm, optimizer, lr_scheduler, micro_batches, max_grad_norm: float 
         grad_norm = float(clip_grad_norm_(params, max_grad_norm, pp_group=pm.pp_group))
     else:
         grad_norm = float(global_grad_norm(params, pp_group=pm.pp_group))
+    if not math.isfinite(grad_norm):
+        # The parameters are already inf/nan or about to be: stepping would only spread it.
+        raise NonFiniteLossError(f"gradient norm is {grad_norm} (loss {loss})")
     optimizer.step()
     if lr_scheduler is not None:
         lr_scheduler.step()

@@ -20,7 +20,10 @@ DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "cpu")
 
 LAYOUTS = {
     "fsdp2": (2, dict(dp_shard=2, ac="full")),
-    "tp2": (2, dict(tp=2, loss_parallel=True)),
+    # TP from a plan's module-name patterns (not the built-in plan), logits kept vocab-sharded into the loss.
+    "tp2": (2, dict(tp=2, loss_parallel=True, tp_plan={
+        "tok_embeddings": "rowwise", "layers.*.attention.w[qkv]": "colwise", "layers.*.attention.wo": "rowwise",
+        "layers.*.feed_forward.w[13]": "colwise", "layers.*.feed_forward.w2": "rowwise", "output": "colwise"})),
     "pp2_gpipe": (2, dict(pp=2, schedule="GPipe")),
     "pp2_1f1b": (2, dict(pp=2, schedule="1F1B")),
     "pp2_interleaved": (2, dict(pp=2, schedule="Interleaved1F1B", virtual=2)),
