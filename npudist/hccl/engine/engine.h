@@ -33,7 +33,12 @@ enum class ErrorKind { kTimeout, kPeerDied, kMismatch, kAborted, kInvalidArgumen
 
 struct EngineError : std::runtime_error {
   EngineError(ErrorKind k, const std::string& msg) : std::runtime_error(msg), kind(k) {}
+  EngineError(ErrorKind k, const std::string& msg, std::vector<int> who)
+      : std::runtime_error(msg), kind(k), ranks(std::move(who)) {}
   ErrorKind kind;
+  // Ranks the error is about (did not arrive / died / disagree), in CommConfig::global_ranks numbering
+  // when that was given, else local ranks. May be empty.
+  std::vector<int> ranks;
 };
 
 // Out-of-band exchange used only while connecting (implemented by the adapter over the c10d Store,
@@ -50,9 +55,14 @@ struct CommConfig {
   int size = 1;
   size_t buffer_bytes = 8u << 20;  // per-rank staging buffer (HCCL_BUFFSIZE)
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Optional (additive): global rank of each local rank, used only to name ranks in error messages.
+  std::vector<int> global_ranks;
 };
 
 // Per-call description; all ranks' descriptors of one collective are compared (mismatch detection).
+// `seq` must count the collectives of the group identically on every rank (not p2p): the engine
+// compares it across ranks, so a rank that skipped a collective is reported instead of silently
+// pairing with the next one.
 struct OpInfo {
   const char* op = "";       // "all_reduce", "broadcast", ...
   uint64_t seq = 0;          // caller's sequence number, reported in errors

@@ -1,0 +1,250 @@
+// Collective algorithms over the step machinery (comm.h). Small reductions are one-shot (every rank copies
+// its input into its slot, one sync, every rank reduces all slots); large ones are pipelined
+// reduce-scatter + all-gather in cache-sized chunks so every rank's core reduces its own segment.
+#include <algorithm>
+#include <cstring>
+
+#include "comm.h"
+#include "reduce.h"
+
+namespace npudist::hccl::detail {
+namespace {
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: " + msg);
+}
+
+void check_root(int root, int n) {
+  require(root >= 0 && root < n,
+          "root " + std::to_string(root) + " is outside the communicator's ranks [0, " + std::to_string(n) + ")");
+}
+
+// Elements per rank segment such that `n` segments fit in `bytes`, a multiple of one cache line.
+size_t segment_elems(size_t bytes, int n, size_t es) {
+  size_t per = bytes / n / 64 * 64;
+  return std::max<size_t>(per / es, 1);
+}
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+inline const char* cptr(const void* p, size_t off) { return static_cast<const char*>(p) + off; }
+inline char* mptr(void* p, size_t off) { return static_cast<char*>(p) + off; }
+
+}  // namespace
+
+void ShmCommunicator::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                                 const OpInfo& info, double scale) {
+  check_reduce_supported(t, op, scale);
+  require(count == 0 || (in && out), "all_reduce got a null buffer for " + std::to_string(count) + " elements");
+  OpDesc d = make_desc(OpKind::kAllReduce, info, count, -1);
+  d.dtype = static_cast<uint8_t>(t);
+  d.redop = static_cast<uint8_t>(op);
+  d.scale = scale;
+  begin(d);
+  if (count * element_size(t) <= one_shot_bytes_) return reduce_one_shot(in, out, count, t, op, -1, scale);
+  reduce_pipelined(in, out, count, t, op, -1, scale);
+}
+
+void ShmCommunicator::reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+                             const OpInfo& info, double scale) {
+  check_reduce_supported(t, op, scale);
+  check_root(root, size_);
+  require(count == 0 || (in && (out || rank_ != root)), "reduce got a null buffer");
+  OpDesc d = make_desc(OpKind::kReduce, info, count, root);
+  d.dtype = static_cast<uint8_t>(t);
+  d.redop = static_cast<uint8_t>(op);
+  d.scale = scale;
+  begin(d);
+  if (count * element_size(t) <= one_shot_bytes_) return reduce_one_shot(in, out, count, t, op, root, scale);
+  reduce_pipelined(in, out, count, t, op, root, scale);
+}
+
+// root < 0: every rank receives the result (all_reduce).
+void ShmCommunicator::reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                                      int root, double scale) {
+  const size_t bytes = count * element_size(t);
+  if (bytes) std::memcpy(write_half(), in, bytes);
+  sync();
+  if (root >= 0 && root != rank_) return;
+  for (int j = 0; j < size_; ++j) srcs_[j] = j == rank_ ? in : read_half(j);
+  if (count) reduce_buffers(t, op, srcs_.data(), size_, out, nullptr, count, scale);
+}
+
+void ShmCommunicator::reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                                       int root, double scale) {
+  const size_t es = element_size(t);
+  const size_t seg_max = segment_elems(pipe_bytes_, size_, es);
+  const size_t align = std::max<size_t>(64 / es, 1);
+  const size_t chunk_max = seg_max * size_;
+  const bool gather_here = root < 0 || root == rank_;
+  for (size_t off = 0; off < count; off += chunk_max) {
+    const size_t c = std::min(chunk_max, count - off);
+    const size_t seg = std::min(seg_max, align_up((c + size_ - 1) / size_, align));
+    auto seg_len = [&](int j) {
+      size_t b = std::min(c, j * seg);
+      return std::min(c, b + seg) - b;
+    };
+    // Step A: publish the segments the other ranks reduce.
+    char* w = write_half();
+    for (int j = 0; j < size_; ++j) {
+      if (j != rank_ && seg_len(j)) std::memcpy(w + j * seg * es, cptr(in, (off + j * seg) * es), seg_len(j) * es);
+    }
+    sync();
+    // Reduce my segment from my own input and the peers' slots; publish it for the all-gather.
+    const size_t my = seg_len(rank_);
+    for (int j = 0; j < size_; ++j) {
+      srcs_[j] = j == rank_ ? cptr(in, (off + rank_ * seg) * es) : read_half(j) + rank_ * seg * es;
+    }
+    char* w2 = write_half() + rank_ * seg * es;
+    if (my) {
+      void* dst = gather_here ? mptr(out, (off + rank_ * seg) * es) : w2;
+      reduce_buffers(t, op, srcs_.data(), size_, dst, gather_here ? w2 : nullptr, my, scale);
+    }
+    sync();
+    // Step B: collect the other ranks' reduced segments.
+    if (!gather_here) continue;
+    for (int j = 0; j < size_; ++j) {
+      if (j != rank_ && seg_len(j)) std::memcpy(mptr(out, (off + j * seg) * es), read_half(j) + j * seg * es, seg_len(j) * es);
+    }
+  }
+  if (count == 0) sync();  // zero-size ops still meet (arrival and mismatch check)
+}
+
+void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo& info) {
+  check_root(root, size_);
+  require(bytes == 0 || buf, "broadcast got a null buffer");
+  begin(make_desc(OpKind::kBroadcast, info, bytes, root));
+  size_t off = 0;
+  do {
+    const size_t len = std::min(pipe_bytes_, bytes - off);
+    if (rank_ == root && len) std::memcpy(write_half(), cptr(buf, off), len);
+    sync();
+    if (rank_ != root && len) std::memcpy(mptr(buf, off), read_half(root), len);
+    off += len;
+  } while (off < bytes);
+}
+
+void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) {
+  require(bytes == 0 || (in && out), "all_gather got a null buffer");
+  begin(make_desc(OpKind::kAllGather, info, bytes, -1));
+  size_t off = 0;
+  do {
+    const size_t len = std::min(pipe_bytes_, bytes - off);
+    if (len) std::memcpy(write_half(), cptr(in, off), len);
+    sync();
+    for (int j = 0; j < size_ && len; ++j) {
+      if (j != rank_) std::memcpy(mptr(out, j * bytes + off), read_half(j), len);
+    }
+    off += len;
+  } while (off < bytes);
+  if (bytes && cptr(in, 0) != mptr(out, rank_ * bytes)) std::memmove(mptr(out, rank_ * bytes), in, bytes);
+}
+
+void ShmCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                                     const OpInfo& info, double scale) {
+  check_reduce_supported(t, op, scale);
+  require(count == 0 || (in && out), "reduce_scatter got a null buffer");
+  OpDesc d = make_desc(OpKind::kReduceScatter, info, count, -1);
+  d.dtype = static_cast<uint8_t>(t);
+  d.redop = static_cast<uint8_t>(op);
+  d.scale = scale;
+  begin(d);
+  const size_t es = element_size(t);
+  const size_t piece = segment_elems(pipe_bytes_, size_, es);
+  size_t off = 0;
+  do {
+    const size_t len = std::min(piece, count - off);
+    char* w = write_half();
+    for (int j = 0; j < size_ && len; ++j) {
+      if (j != rank_) std::memcpy(w + j * piece * es, cptr(in, (j * count + off) * es), len * es);
+    }
+    sync();
+    for (int j = 0; j < size_; ++j) {
+      srcs_[j] = j == rank_ ? cptr(in, (rank_ * count + off) * es) : read_half(j) + rank_ * piece * es;
+    }
+    if (len) reduce_buffers(t, op, srcs_.data(), size_, mptr(out, off * es), nullptr, len, scale);
+    off += len;
+  } while (off < count);
+}
+
+void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
+                                 void* out, const size_t* recv_counts, const size_t* recv_offsets,
+                                 const OpInfo& info) {
+  require(send_counts && send_offsets && recv_counts && recv_offsets, "all_to_all got null count/offset arrays");
+  size_t mx = 0;
+  for (int j = 0; j < size_; ++j) {
+    mx = std::max({mx, send_counts[j], recv_counts[j]});
+    require(send_counts[j] == 0 || in, "all_to_all got a null input buffer");
+    require(recv_counts[j] == 0 || out, "all_to_all got a null output buffer");
+  }
+  OpDesc d = make_desc(OpKind::kAllToAll, info, 0, -1);
+  d.extra = mx;
+  begin(d, send_counts, recv_counts);
+  const size_t piece = std::max<size_t>(pipe_bytes_ / size_ / 64 * 64, 64);
+  size_t steps = 0;  // known after the first sync, from every rank's largest split
+  for (size_t k = 0; k == 0 || k < steps; ++k) {
+    char* w = write_half();
+    const size_t base = k * piece;
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_ || send_counts[j] <= base) continue;
+      std::memcpy(w + j * piece, cptr(in, send_offsets[j] + base), std::min(piece, send_counts[j] - base));
+    }
+    sync();
+    if (k == 0) {
+      size_t global_max = 0;
+      for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, seg_->ctl(j)->desc[step_ & 1].extra);
+      steps = std::max<size_t>(1, (global_max + piece - 1) / piece);
+    }
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_ || recv_counts[j] <= base) continue;
+      std::memcpy(mptr(out, recv_offsets[j] + base), read_half(j) + rank_ * piece, std::min(piece, recv_counts[j] - base));
+    }
+  }
+  if (send_counts[rank_] && cptr(in, send_offsets[rank_]) != mptr(out, recv_offsets[rank_]))
+    std::memmove(mptr(out, recv_offsets[rank_]), cptr(in, send_offsets[rank_]), send_counts[rank_]);
+}
+
+void ShmCommunicator::gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
+  check_root(root, size_);
+  require(bytes == 0 || (in && (out || rank_ != root)), "gather got a null buffer");
+  begin(make_desc(OpKind::kGather, info, bytes, root));
+  size_t off = 0;
+  do {
+    const size_t len = std::min(pipe_bytes_, bytes - off);
+    if (rank_ != root && len) std::memcpy(write_half(), cptr(in, off), len);
+    sync();
+    for (int j = 0; j < size_ && rank_ == root && len; ++j) {
+      if (j != rank_) std::memcpy(mptr(out, j * bytes + off), read_half(j), len);
+    }
+    off += len;
+  } while (off < bytes);
+  if (rank_ == root && bytes && cptr(in, 0) != mptr(out, rank_ * bytes))
+    std::memmove(mptr(out, rank_ * bytes), in, bytes);
+}
+
+void ShmCommunicator::scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
+  check_root(root, size_);
+  require(bytes == 0 || (out && (in || rank_ != root)), "scatter got a null buffer");
+  begin(make_desc(OpKind::kScatter, info, bytes, root));
+  const size_t piece = std::max<size_t>(pipe_bytes_ / size_ / 64 * 64, 64);
+  size_t off = 0;
+  do {
+    const size_t len = std::min(piece, bytes - off);
+    char* w = write_half();
+    for (int j = 0; j < size_ && rank_ == root && len; ++j) {
+      if (j != rank_) std::memcpy(w + j * piece, cptr(in, j * bytes + off), len);
+    }
+    sync();
+    if (rank_ != root && len) std::memcpy(mptr(out, off), read_half(root) + rank_ * piece, len);
+    off += len;
+  } while (off < bytes);
+  if (rank_ == root && bytes && cptr(in, root * bytes) != mptr(out, 0))
+    std::memmove(out, cptr(in, root * bytes), bytes);
+}
+
+void ShmCommunicator::barrier(const OpInfo& info) {
+  begin(make_desc(OpKind::kBarrier, info, 0, -1));
+  sync();
+}
+
+}  // namespace npudist::hccl::detail

@@ -1,0 +1,200 @@
+// Communicator construction, the step machinery, failure handling and abort (see comm.h).
+#include "comm.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "diagnostics.h"
+
+namespace npudist::hccl {
+
+std::unique_ptr<Communicator> Communicator::connect(const CommConfig& cfg, Bootstrap& bootstrap) {
+  auto seg = detail::Segment::connect(cfg, bootstrap);
+  return std::make_unique<detail::ShmCommunicator>(cfg, std::move(seg));
+}
+
+}  // namespace npudist::hccl
+
+namespace npudist::hccl::detail {
+namespace {
+
+size_t env_kib(const char* name, size_t def_bytes) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def_bytes;
+  long long kib = std::strtoll(v, nullptr, 10);
+  return kib > 0 ? static_cast<size_t>(kib) * 1024 : def_bytes;
+}
+
+}  // namespace
+
+ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment> seg)
+    : cfg_(cfg), seg_(std::move(seg)), rank_(cfg.rank), size_(cfg.size) {
+  half_ = seg_->buffer_bytes() / 2;
+  // Small pipeline steps keep the staging data in cache; tunable for experiments.
+  pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_CHUNK_KB", 256 * 1024));
+  one_shot_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_ONESHOT_KB", 64 * 1024));
+  srcs_.resize(size_);
+  ctx_.abort_flag = &seg_->header()->aborted;
+  ctx_.peer_alive = [this](int peer) { return process_alive(seg_->ctl(peer)->proc); };
+  ctx_.on_fail = [this](int why, int peer) { fail_wait(why, peer); };
+}
+
+int ShmCommunicator::global_rank(int r) const {
+  return r < static_cast<int>(cfg_.global_ranks.size()) ? cfg_.global_ranks[r] : r;
+}
+
+std::string ShmCommunicator::rank_list(const std::vector<int>& local) const {
+  std::string s = "[";
+  for (size_t i = 0; i < local.size(); ++i) s += (i ? ", " : "") + std::to_string(global_rank(local[i]));
+  return s + "]";
+}
+
+std::string ShmCommunicator::describe_peer_state(int r) const {
+  const RankCtl* c = seg_->ctl(r);
+  const OpDesc& a = c->desc[0];
+  const OpDesc& b = c->desc[1];
+  const OpDesc& d = a.step >= b.step ? a : b;
+  std::string who = "rank " + std::to_string(global_rank(r));
+  if (!c->attached.load(std::memory_order_acquire)) return who + " has not attached yet";
+  if (d.kind == OpKind::kNone) return who + " has not started any collective on this communicator";
+  return who + " last entered " + describe_op(d);
+}
+
+OpDesc ShmCommunicator::make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const {
+  OpDesc d{};
+  d.kind = kind;
+  d.seq = info.seq;
+  d.count = count;
+  d.root = root;
+  d.scale = 1.0;
+  std::strncpy(d.name, info.op ? info.op : "", sizeof(d.name) - 1);
+  return d;
+}
+
+void ShmCommunicator::check_usable() {
+  if (broken_) throw EngineError(broken_->kind, broken_->what(), broken_->ranks);
+  if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
+}
+
+void ShmCommunicator::begin(const OpDesc& d, const size_t* a2a_send, const size_t* a2a_recv) {
+  check_usable();
+  ctx_.deadline = Clock::now() + cfg_.timeout;
+  cur_ = d;
+  cur_.step = step_ + 1;
+  RankCtl* me = seg_->ctl(rank_);
+  const int parity = static_cast<int>(cur_.step & 1);
+  if (a2a_send) {
+    for (int j = 0; j < size_; ++j) {
+      me->a2a[parity][0][j] = a2a_send[j];
+      me->a2a[parity][1][j] = a2a_recv[j];
+    }
+  }
+  me->desc[parity] = cur_;
+  check_pending_ = true;
+}
+
+void ShmCommunicator::sync() {
+  const uint64_t s = step_ + 1;
+  seg_->ctl(rank_)->step.post(s);
+  wait_target_ = s;
+  for (int j = 0; j < size_; ++j) {
+    if (j != rank_) wait_at_least(seg_->ctl(j)->step, s, j, ctx_);
+  }
+  step_ = s;
+  if (check_pending_) {
+    check_pending_ = false;
+    check_descriptors();
+  }
+}
+
+void ShmCommunicator::check_descriptors() {
+  const int parity = static_cast<int>(step_ & 1);
+  bool all_same = true;
+  const OpDesc& mine = seg_->ctl(rank_)->desc[parity];
+  for (int j = 0; j < size_ && all_same; ++j) {
+    all_same = j == rank_ || same_op(mine, seg_->ctl(j)->desc[parity]);
+  }
+  std::string problem;
+  std::vector<int> culprits;
+  if (!all_same) {
+    problem = describe_mismatch(*seg_, size_, parity, [this](int r) { return global_rank(r); }, &culprits);
+    // A rank whose descriptor belongs to another step is out of lock-step: the communicator cannot recover.
+    bool desync = false;
+    for (int j = 0; j < size_; ++j) desync |= seg_->ctl(j)->desc[parity].step != step_;
+    EngineError err(ErrorKind::kMismatch,
+                    "npudist engine: mismatched collective on communicator '" + cfg_.name + "' (rank " +
+                        std::to_string(global_rank(rank_)) + "): " + problem,
+                    culprits);
+    if (desync) broken_ = err;
+    throw err;
+  }
+  if (cur_.kind == OpKind::kAllToAll) {
+    problem = check_all_to_all_counts(*seg_, size_, parity, [this](int r) { return global_rank(r); },
+                                      &culprits);
+    if (!problem.empty())
+      throw EngineError(ErrorKind::kMismatch,
+                        "npudist engine: mismatched all_to_all split sizes on communicator '" + cfg_.name +
+                            "': " + problem,
+                        culprits);
+  }
+}
+
+void ShmCommunicator::throw_aborted() {
+  SegHeader* h = seg_->header();
+  for (int i = 0; i < 100000 && h->aborted.load(std::memory_order_acquire) == 2; ++i) sched_yield();
+  std::string reason(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
+  throw EngineError(ErrorKind::kAborted,
+                    "npudist engine: communicator '" + cfg_.name + "' was aborted: " + reason);
+}
+
+void ShmCommunicator::fail_wait(int why, int peer) {
+  if (why == kWhyAborted) throw_aborted();
+  std::string op = describe_op(cur_);
+  if (why == kWhyPeerDied) {
+    const RankCtl* c = seg_->ctl(peer);
+    broken_ = EngineError(ErrorKind::kPeerDied,
+                          "npudist engine: rank " + std::to_string(global_rank(peer)) + " (pid " +
+                              std::to_string(c->proc.pid) + ") exited while rank " +
+                              std::to_string(global_rank(rank_)) + " waited for it in " + op +
+                              " on communicator '" + cfg_.name + "'; the communicator is unusable",
+                          {global_rank(peer)});
+    throw *broken_;
+  }
+  std::vector<int> missing;
+  std::string states;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || seg_->ctl(j)->step.value.load(std::memory_order_acquire) >= wait_target_) continue;
+    missing.push_back(j);
+    states += "; " + describe_peer_state(j);
+  }
+  std::vector<int> gmissing;
+  for (int j : missing) gmissing.push_back(global_rank(j));
+  broken_ = EngineError(ErrorKind::kTimeout,
+                        "npudist engine: " + op + " on communicator '" + cfg_.name + "' timed out after " +
+                            std::to_string(cfg_.timeout.count()) + " ms on rank " +
+                            std::to_string(global_rank(rank_)) + ": ranks " + rank_list(missing) +
+                            " did not arrive" + states,
+                        gmissing);
+  throw *broken_;
+}
+
+void ShmCommunicator::abort(const std::string& reason) {
+  SegHeader* h = seg_->header();
+  uint32_t expected = 0;
+  if (h->aborted.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) {
+    std::string r = reason.empty() ? "abort() called" : reason;
+    r += " (by rank " + std::to_string(global_rank(rank_)) + ")";
+    std::strncpy(h->abort_reason, r.c_str(), sizeof(h->abort_reason) - 1);
+    h->aborted.store(1, std::memory_order_release);
+  }
+  for (int j = 0; j < size_; ++j) {
+    seg_->ctl(j)->step.wake_all();
+    for (int k = 0; k < size_; ++k) {
+      if (j == k) continue;
+      seg_->chan(j, k)->sent.wake_all();
+      seg_->chan(j, k)->acked.wake_all();
+    }
+  }
+}
+
+}  // namespace npudist::hccl::detail

@@ -1,0 +1,84 @@
+// The shared-memory Communicator. Collectives run as a sequence of lock-step "steps": before posting step
+// s a rank writes its data into half (s % 2) of its own staging slot; after every rank posted s, each rank
+// may read the others' half (s % 2) until it posts s + 1. A rank therefore never overwrites data a peer
+// still reads (the peer's post of s + 1 is awaited before writing step s + 2), with one wait per step.
+// The first step of every collective also publishes an OpDesc that all ranks compare (mismatch check).
+// Internal.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "sync.h"
+#include "transport.h"
+
+namespace npudist::hccl::detail {
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment> seg);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, const OpInfo& info,
+                  double scale) override;
+  void reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+              const OpInfo& info, double scale) override;
+  void broadcast(void* buf, size_t bytes, int root, const OpInfo& info) override;
+  void all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) override;
+  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, const OpInfo& info,
+                      double scale) override;
+  void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
+                  const size_t* recv_counts, const size_t* recv_offsets, const OpInfo& info) override;
+  void gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) override;
+  void scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) override;
+  void barrier(const OpInfo& info) override;
+  void send(const void* buf, size_t bytes, int peer, int tag) override;
+  void recv(void* buf, size_t bytes, int peer, int tag) override;
+  void abort(const std::string& reason) override;
+
+ private:
+  // --- step machinery (comm.cpp) ---
+  OpDesc make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const;
+  // Starts a collective: fails fast if broken/aborted, publishes `d` for the next step.
+  void begin(const OpDesc& d, const size_t* a2a_send = nullptr, const size_t* a2a_recv = nullptr);
+  // Posts the next step and waits until every rank posted it; the first sync of an op checks descriptors.
+  void sync();
+  char* write_half() const { return seg_->slot(rank_) + ((step_ + 1) & 1) * half_; }
+  const char* read_half(int r) const { return seg_->slot(r) + (step_ & 1) * half_; }
+  void check_descriptors();
+  [[noreturn]] void fail_wait(int why, int peer);
+  [[noreturn]] void throw_aborted();
+  void check_usable();
+  int global_rank(int r) const;
+  std::string rank_list(const std::vector<int>& local) const;
+  std::string describe_peer_state(int r) const;
+  WaitContext p2p_context(int peer, const std::string& what) const;
+
+  // --- algorithms (collectives.cpp) ---
+  void reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+                       double scale);
+  void reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+                        double scale);
+
+  CommConfig cfg_;
+  std::unique_ptr<Segment> seg_;
+  int rank_, size_;
+  size_t half_;           // bytes of one half of a staging slot
+  size_t pipe_bytes_;     // bytes moved per rank per pipelined step (<= half_)
+  size_t one_shot_bytes_; // all_reduce/reduce up to this size use the one-shot algorithm
+
+  // Collective state: touched only by the thread issuing collectives.
+  uint64_t step_ = 0;
+  bool check_pending_ = false;
+  uint64_t wait_target_ = 0;
+  OpDesc cur_{};
+  WaitContext ctx_;
+  std::optional<EngineError> broken_;
+  std::vector<const void*> srcs_;
+
+};
+
+}  // namespace npudist::hccl::detail

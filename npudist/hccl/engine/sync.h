@@ -1,0 +1,57 @@
+// Cross-process signalling in shared memory: a monotone counter with a futex word, and bounded waits that
+// spin briefly, then sched_yield, then sleep on the futex (so 4 ranks on 2 cores stay fast), while watching
+// for abort, dead peers and the deadline. Internal to the engine.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace npudist::hccl::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// One cache line: `value` only grows; `word` changes on every post so futex sleepers notice.
+struct alignas(64) Signal {
+  std::atomic<uint64_t> value;
+  std::atomic<uint32_t> word;
+  std::atomic<uint32_t> waiters;
+  char pad[48];
+
+  void post(uint64_t v);
+  void wake_all();
+};
+static_assert(sizeof(Signal) == 64, "Signal must be one cache line");
+
+// Identity of a process that survives pid reuse: pid plus its start time from /proc/<pid>/stat.
+struct ProcessId {
+  int32_t pid;
+  uint64_t start_time;
+};
+ProcessId self_process_id();
+// False when the process has exited (also when it is a zombie nobody reaped yet).
+bool process_alive(const ProcessId& p);
+
+// Tunables read once from the environment (NPUDIST_ENGINE_SPIN_US, NPUDIST_ENGINE_YIELD_US).
+struct WaitTuning {
+  int64_t spin_ns;
+  int64_t yield_ns;
+};
+const WaitTuning& wait_tuning();
+
+// What a wait must watch besides its own condition. `on_fail` throws the right EngineError; it is told
+// why the wait gave up (0 = deadline passed, 1 = aborted, 2 = peer `peer` died).
+struct WaitContext {
+  Clock::time_point deadline;
+  const std::atomic<uint32_t>* abort_flag;
+  std::function<bool(int)> peer_alive;  // checked every few ms while sleeping
+  std::function<void(int why, int peer)> on_fail;
+};
+
+enum : int { kWhyTimeout = 0, kWhyAborted = 1, kWhyPeerDied = 2 };
+
+// Waits until sig.value >= target. `peer` is the rank that posts `sig` (for liveness checks).
+void wait_at_least(const Signal& sig, uint64_t target, int peer, const WaitContext& ctx);
+
+}  // namespace npudist::hccl::detail
