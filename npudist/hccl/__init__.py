@@ -1,1 +1,108 @@
-"""The `hccl` collective backend (ProcessGroupHCCL) for torch.distributed."""
+"""The `hccl` collective backend (ProcessGroupHCCL) for torch.distributed.
+
+Importing this module registers the backend: ``dist.init_process_group("hccl")``,
+``init_process_group("cpu:gloo,npu:hccl")``, ``new_group(backend="hccl")``, ``split_group`` and
+``DeviceMesh("npu", ...)`` then use it. ``Backend.default_device_backend_map["npu"] == "hccl"``.
+
+Options (torch_npu names)::
+
+    opts = npudist.hccl.ProcessGroupHCCL.Options()
+    opts.hccl_config = {"hccl_buffer_size": 64}        # MB per rank; also HCCL_BUFFSIZE
+    dist.init_process_group("hccl", pg_options=opts, timeout=timedelta(seconds=60))
+
+Environment: HCCL_BUFFSIZE (MB), HCCL_EXEC_TIMEOUT (s, default op timeout when none is given),
+HCCL_CONNECT_TIMEOUT (s), TORCH_HCCL_ASYNC_ERROR_HANDLING, TORCH_HCCL_BLOCKING_WAIT,
+TORCH_HCCL_TRACE_BUFFER_SIZE, TORCH_HCCL_DUMP_ON_TIMEOUT, TORCH_HCCL_DEBUG_INFO_TEMP_FILE,
+NPUDIST_NODE_ID (node identity; default: host name). See docs/hccl.md and docs/debugging.md.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroupGloo as _ProcessGroupGloo
+from torch.distributed.distributed_c10d import default_pg_timeout as _default_pg_timeout
+
+from . import _C
+from ._C import ProcessGroupHCCL
+
+__all__ = ["ProcessGroupHCCL", "is_available", "dump_flight_recorder", "dump_flight_recorder_to_file"]
+
+Options = ProcessGroupHCCL.Options
+
+
+def is_available() -> bool:
+    """True: the backend is built into this package (it needs no hardware)."""
+    return True
+
+
+def _create_backend(dist_opts, pg_options):
+    """Creator called by torch.distributed (extended API) for every group that uses hccl."""
+    if pg_options is None:
+        opts = Options()
+    elif isinstance(pg_options, Options):
+        opts = pg_options.__copy__()
+    else:
+        raise ValueError(
+            f"hccl: pg_options must be npudist.hccl.ProcessGroupHCCL.Options, got {type(pg_options).__name__}"
+        )
+    timeout = dist_opts.timeout
+    if not isinstance(timeout, _dt.timedelta):
+        timeout = _dt.timedelta(seconds=float(timeout))
+    opts._timeout = timeout
+    # Without an explicit timeout the op deadline comes from HCCL_EXEC_TIMEOUT when that is set.
+    opts._timeout_from_user = timeout != _default_pg_timeout
+    opts.global_ranks_in_group = list(dist_opts.global_ranks_in_group)
+    opts.group_name = dist_opts.group_id
+    _hand_over_runtime()
+    return ProcessGroupHCCL(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, opts)
+
+
+def _create_gloo(store, rank, size, timeout):
+    """Inter-node transport: Gloo groups built on a PrefixStore of the hccl group (see docs/hccl.md)."""
+    return _ProcessGroupGloo(store, rank, size, timeout)
+
+
+_runtime_handed_over = False
+
+
+def _hand_over_runtime() -> None:
+    """Pass the npu device runtime's C function table to the extension (npu tensors need it)."""
+    global _runtime_handed_over
+    if _runtime_handed_over:
+        return
+    try:
+        import npudist._C as device_ext  # noqa: PLC0415 - optional: cpu-only use works without it
+    except ImportError:
+        return
+    api = getattr(device_ext, "_runtime_api", None)
+    if api is not None:
+        _C._set_runtime_api(int(api()))
+        _runtime_handed_over = True
+
+
+def dump_flight_recorder(reason: str = "on demand") -> str:
+    """This process's flight-recorder trace of every live hccl group, as a JSON string."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return _C._dump_trace_json(rank, reason)
+
+
+def dump_flight_recorder_to_file(reason: str = "on demand") -> str:
+    """Write the trace to ``$TORCH_HCCL_DEBUG_INFO_TEMP_FILE<rank>`` (default /tmp/hccl_trace_rank_<rank>)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    path = _C._dump_trace_file(rank, reason)
+    if not path:
+        raise RuntimeError("hccl: could not write the flight-recorder dump (check TORCH_HCCL_DEBUG_INFO_TEMP_FILE)")
+    return path
+
+
+def _register() -> None:
+    if "hccl" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("hccl", _create_backend, extended_api=True, devices=["npu", "cpu"])
+    dist.Backend.default_device_backend_map["npu"] = "hccl"
+    _C._set_gloo_factory(_create_gloo)
+
+
+_register()
+_hand_over_runtime()

@@ -1,0 +1,120 @@
+// Python module npudist.hccl._C: ProcessGroupHCCL (a torch Backend subclass), its Options, the
+// flight-recorder dump, and the two hand-overs from Python (device runtime table, Gloo factory).
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group_hccl.h"
+
+namespace py = pybind11;
+
+namespace npudist::hccl {
+
+using GlooFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+    const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds)>;
+void set_gloo_factory(GlooFactory f);
+
+namespace {
+
+const char* const kConfigKeys = "hccl_buffer_size (MB), hccl_connect_timeout (s)";
+
+py::dict get_config(const HCCLOptions& o) {
+  py::dict d;
+  d["hccl_buffer_size"] = static_cast<int64_t>(o.buffer_bytes >> 20);
+  d["hccl_connect_timeout"] =
+      static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(o.connect_timeout).count());
+  return d;
+}
+
+int64_t positive_int(const py::handle& v, const std::string& key) {
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+    throw py::value_error("hccl_config['" + key + "'] must be an int, got " +
+                          std::string(py::str(v.get_type().attr("__name__"))));
+  }
+  int64_t x = v.cast<int64_t>();
+  if (x <= 0) throw py::value_error("hccl_config['" + key + "'] must be positive, got " + std::to_string(x));
+  return x;
+}
+
+void set_config(HCCLOptions& o, const py::dict& d) {
+  for (auto item : d) {
+    const std::string key = py::str(item.first);
+    if (key == "hccl_buffer_size") {
+      o.buffer_bytes = static_cast<size_t>(positive_int(item.second, key)) << 20;
+    } else if (key == "hccl_connect_timeout") {
+      o.connect_timeout = std::chrono::seconds(positive_int(item.second, key));
+    } else {
+      throw py::value_error("unknown hccl_config key '" + key + "'; supported keys: " + kConfigKeys);
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace npudist::hccl
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace npudist::hccl;
+  m.doc() = "npudist hccl backend (ProcessGroupHCCL)";
+  // Registers c10d::Backend and c10d::Store with pybind11 before we derive from / accept them.
+  py::module_::import("torch.distributed");
+
+  auto pg = py::class_<ProcessGroupHCCL, c10d::Backend, c10::intrusive_ptr<ProcessGroupHCCL>>(
+      m, "ProcessGroupHCCL");
+
+  py::class_<HCCLOptions, c10d::Backend::Options, c10::intrusive_ptr<HCCLOptions>>(pg, "Options")
+      .def(py::init([](std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<HCCLOptions>(timeout);
+           }),
+           py::arg("timeout") = kBackendDefaultTimeout)
+      .def_property(
+          "hccl_config", [](const HCCLOptions& o) { return get_config(o); },
+          [](HCCLOptions& o, const py::dict& d) { set_config(o, d); },
+          "Backend settings: hccl_buffer_size (MB, per-rank staging buffer; default HCCL_BUFFSIZE), "
+          "hccl_connect_timeout (s; default HCCL_CONNECT_TIMEOUT).")
+      .def_readwrite("_timeout_from_user", &HCCLOptions::timeout_from_user)
+      .def_readwrite("group_desc", &HCCLOptions::group_desc)
+      .def("__copy__", [](const HCCLOptions& o) { return c10::make_intrusive<HCCLOptions>(o); })
+      .def("__deepcopy__",
+           [](const HCCLOptions& o, const py::dict&) { return c10::make_intrusive<HCCLOptions>(o); });
+
+  pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     c10::intrusive_ptr<HCCLOptions> options) {
+           if (!options) options = c10::make_intrusive<HCCLOptions>();
+           return c10::make_intrusive<ProcessGroupHCCL>(store, rank, size, options);
+         }),
+         py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options") = nullptr)
+      .def_property_readonly("options", [](ProcessGroupHCCL& p) {
+        return c10::static_intrusive_pointer_cast<HCCLOptions>(p.getBackendOptions());
+      })
+      .def_property_readonly("comm_name", &ProcessGroupHCCL::comm_name)
+      .def_property_readonly("num_nodes", [](ProcessGroupHCCL& p) { return p.topology().num_nodes(); })
+      .def_property_readonly("node_index", [](ProcessGroupHCCL& p) { return p.topology().node; })
+      .def_property_readonly("local_rank", [](ProcessGroupHCCL& p) { return p.topology().local_rank; })
+      .def_property_readonly("local_size", [](ProcessGroupHCCL& p) { return p.topology().local_size(); })
+      .def_property_readonly("timeout", &ProcessGroupHCCL::timeout)
+      .def_property_readonly("buffer_bytes", &ProcessGroupHCCL::buffer_bytes)
+      .def_property_readonly("uses_gloo", [](ProcessGroupHCCL& p) { return p.topology().num_nodes() > 1; })
+      .def("_trace_json", [](ProcessGroupHCCL& p) { return p.recorder()->to_json(); });
+
+  m.def("_set_runtime_api", [](uintptr_t addr) { set_runtime_api(addr); });
+  m.def(
+      "_set_gloo_factory",
+      [](py::object fn) {
+        // Leaked on purpose: the callable must outlive every group, including at interpreter exit.
+        auto* held = new py::object(std::move(fn));
+        set_gloo_factory([held](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                std::chrono::milliseconds timeout) {
+          py::gil_scoped_acquire gil;
+          py::object r = (*held)(store, rank, size, timeout);
+          return r.cast<c10::intrusive_ptr<c10d::Backend>>();
+        });
+      },
+      "Install the callable (store, rank, size, timeout) -> Backend that builds the inter-node Gloo groups.");
+  m.def(
+      "_dump_trace_json", [](int global_rank, const std::string& reason) { return dump_all_json(global_rank, reason); },
+      py::arg("global_rank"), py::arg("reason") = "on demand");
+  m.def(
+      "_dump_trace_file", [](int global_rank, const std::string& reason) { return dump_all_to_file(global_rank, reason); },
+      py::arg("global_rank"), py::arg("reason") = "on demand");
+}

@@ -1,0 +1,614 @@
+// The torch.distributed ops of ProcessGroupHCCL: argument checks (clear ValueErrors on the calling
+// rank, before anything is issued), contiguous staging, and an OpSpec whose body calls the engine
+// routing in engine_calls.cpp.
+#include <c10/util/Exception.h>
+
+#include <numeric>
+#include <sstream>
+
+#include "process_group_hccl.h"
+
+namespace npudist::hccl {
+
+DataType to_engine_dtype(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kBool: return DataType::kBool;
+    case at::kComplexFloat: return DataType::kComplex64;
+    case at::kComplexDouble: return DataType::kComplex128;
+    default:
+      TORCH_CHECK_VALUE(false, "hccl ", op, ": dtype ", t,
+                        " is not supported; use float32/64, float16, bfloat16, int8/16/32/64, uint8, "
+                        "bool or complex64/128");
+  }
+}
+
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream o;
+  o << t.sizes();
+  return o.str();
+}
+
+}  // namespace
+
+std::string describe_shapes(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out) {
+  std::ostringstream o;
+  o << "in=[";
+  for (size_t i = 0; i < in.size(); ++i) o << (i ? "," : "") << shape_of(in[i]);
+  o << "] out=[";
+  for (size_t i = 0; i < out.size(); ++i) o << (i ? "," : "") << shape_of(out[i]);
+  o << "]";
+  return o.str();
+}
+
+void ProcessGroupHCCL::check_tensor(const at::Tensor& t, const char* op, const char* what) {
+  TORCH_CHECK_VALUE(t.defined(), "hccl ", op, ": ", what, " is an undefined tensor");
+  const auto dev = t.device().type();
+  TORCH_CHECK_VALUE(dev == c10::DeviceType::CPU || dev == c10::DeviceType::PrivateUse1, "hccl ", op,
+                    ": ", what, " is on device '", t.device(),
+                    "'; the hccl backend takes cpu and npu tensors (move it with .npu() or .cpu())");
+  TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "hccl ", op, ": ", what,
+                    " is sparse; densify it with .to_dense() first");
+  to_engine_dtype(t.scalar_type(), op);
+}
+
+void ProcessGroupHCCL::check_rank(int r, const char* op, const char* what) {
+  TORCH_CHECK_VALUE(r >= 0 && r < size_, "hccl ", op, ": ", what, " ", r,
+                    " is not a rank of this group (valid: 0..", size_ - 1, ")");
+}
+
+namespace {
+
+const char* reduce_name(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return "SUM";
+    case c10d::ReduceOp::AVG: return "AVG";
+    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case c10d::ReduceOp::MIN: return "MIN";
+    case c10d::ReduceOp::MAX: return "MAX";
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+// Rejects reduce ops the dtype cannot take (PyTorch semantics), before anything is issued.
+void check_reduce(const c10d::ReduceOp& op, at::ScalarType t, const char* name) {
+  const bool fp = at::isFloatingType(t), cplx = at::isComplexType(t), boolean = t == at::kBool;
+  switch (op.op_) {
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      TORCH_CHECK_VALUE(!fp && !cplx, "hccl ", name, ": ReduceOp.", reduce_name(op),
+                        " needs an integer or bool tensor, got ", t,
+                        "; use SUM/MIN/MAX for floating point");
+      break;
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::MAX:
+      TORCH_CHECK_VALUE(!cplx, "hccl ", name, ": ReduceOp.", reduce_name(op),
+                        " is undefined for complex tensors");
+      break;
+    case c10d::ReduceOp::AVG:
+      TORCH_CHECK_VALUE(!boolean, "hccl ", name, ": ReduceOp.AVG is undefined for bool tensors");
+      break;
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK_VALUE(fp || cplx, "hccl ", name,
+                        ": ReduceOp.PREMUL_SUM needs a floating point tensor, got ", t);
+      TORCH_CHECK_VALUE(op.supplement_, "hccl ", name, ": PREMUL_SUM without a factor");
+      break;
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::PRODUCT:
+      break;
+    default:
+      TORCH_CHECK_VALUE(false, "hccl ", name, ": unsupported reduce op ", static_cast<int>(op.op_));
+  }
+}
+
+at::Tensor contiguous_of(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+void copy_back(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_same(src)) dst.copy_(src);
+}
+
+// Flattens a list of same-dtype tensors into one contiguous buffer (for list-form collectives).
+at::Tensor flatten(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outs) {
+  int64_t off = 0;
+  for (auto& o : outs) {
+    const int64_t n = o.numel();
+    o.copy_(flat.narrow(0, off, n).view(o.sizes()));
+    off += n;
+  }
+}
+
+}  // namespace
+
+#define HCCL_SPEC(var, optype, opname, ins, outs, is_async) \
+  OpSpec var;                                                \
+  var.type = optype;                                         \
+  var.name = opname;                                         \
+  var.inputs = ins;                                          \
+  var.outputs = outs;                                        \
+  var.async = is_async;                                      \
+  var.shapes = describe_shapes(var.inputs, var.outputs)
+
+static void check_one(const std::vector<at::Tensor>& ts, const char* op) {
+  TORCH_CHECK_VALUE(ts.size() == 1, "hccl ", op, ": expected one tensor per process, got ", ts.size(),
+                    " (multi-tensor-per-process collectives are not supported)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  check_one(tensors, "all_reduce");
+  at::Tensor t = tensors[0];
+  check_tensor(t, "all_reduce", "tensor");
+  check_reduce(opts.reduceOp, t.scalar_type(), "all_reduce");
+  HCCL_SPEC(s, c10d::OpType::ALLREDUCE, "all_reduce", {t}, {t}, opts.asyncOp);
+  s.dtype = c10::toString(t.scalar_type());
+  s.reduce_op = reduce_name(opts.reduceOp);
+  auto rop = opts.reduceOp;
+  s.body = [this, t, rop](uint64_t seq) mutable {
+    at::Tensor c = contiguous_of(t);
+    do_all_reduce(c, rop, seq, "all_reduce");
+    copy_back(t, c);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "hccl allreduce_coalesced: no tensors given");
+  for (const auto& t : tensors) {
+    check_tensor(t, "allreduce_coalesced", "tensor");
+    TORCH_CHECK_VALUE(t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device(),
+                      "hccl allreduce_coalesced: all tensors need one dtype and device, got ",
+                      t.scalar_type(), " on ", t.device(), " and ", tensors[0].scalar_type(), " on ",
+                      tensors[0].device());
+  }
+  check_reduce(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
+  HCCL_SPEC(s, c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, tensors,
+            opts.asyncOp);
+  s.dtype = c10::toString(tensors[0].scalar_type());
+  s.reduce_op = reduce_name(opts.reduceOp);
+  auto rop = opts.reduceOp;
+  std::vector<at::Tensor> ts = tensors;
+  s.body = [this, ts, rop](uint64_t seq) mutable {
+    // One engine call over the concatenation: one synchronisation instead of one per tensor.
+    at::Tensor flat = flatten(ts);
+    do_all_reduce(flat, rop, seq, "allreduce_coalesced");
+    unflatten_into(flat, ts);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  check_one(tensors, "broadcast");
+  at::Tensor t = tensors[0];
+  check_tensor(t, "broadcast", "tensor");
+  check_rank(static_cast<int>(opts.rootRank), "broadcast", "root");
+  HCCL_SPEC(s, c10d::OpType::BROADCAST, "broadcast", {t}, {t}, opts.asyncOp);
+  s.dtype = c10::toString(t.scalar_type());
+  s.root = static_cast<int>(opts.rootRank);
+  const int root = s.root;
+  s.body = [this, t, root](uint64_t seq) mutable {
+    at::Tensor c = contiguous_of(t);
+    do_broadcast(c, root, seq, "broadcast");
+    if (rank_ != root) copy_back(t, c);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  check_one(tensors, "reduce");
+  at::Tensor t = tensors[0];
+  check_tensor(t, "reduce", "tensor");
+  check_rank(static_cast<int>(opts.rootRank), "reduce", "root");
+  check_reduce(opts.reduceOp, t.scalar_type(), "reduce");
+  HCCL_SPEC(s, c10d::OpType::REDUCE, "reduce", {t}, {t}, opts.asyncOp);
+  s.dtype = c10::toString(t.scalar_type());
+  s.reduce_op = reduce_name(opts.reduceOp);
+  s.root = static_cast<int>(opts.rootRank);
+  auto rop = opts.reduceOp;
+  const int root = s.root;
+  s.body = [this, t, rop, root](uint64_t seq) mutable {
+    at::Tensor c = contiguous_of(t);
+    do_reduce(c, rop, root, seq);
+    if (rank_ == root) copy_back(t, c);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  check_tensor(input, "all_gather_into_tensor", "input");
+  check_tensor(output, "all_gather_into_tensor", "output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                    "hccl all_gather_into_tensor: output dtype ", output.scalar_type(),
+                    " != input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
+                    "hccl all_gather_into_tensor: output has ", output.numel(),
+                    " elements but needs world_size * input.numel() = ", size_, " * ", input.numel());
+  HCCL_SPEC(s, c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {input}, {output},
+            opts.asyncOp);
+  s.dtype = c10::toString(input.scalar_type());
+  at::Tensor in = input, out = output;
+  s.body = [this, in, out](uint64_t seq) mutable {
+    at::Tensor ci = contiguous_of(in), co = contiguous_of(out);
+    do_all_gather(ci, co, seq, "all_gather_into_tensor");
+    copy_back(out, co);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  check_one(inputs, "all_gather");
+  TORCH_CHECK_VALUE(outputs.size() == 1, "hccl all_gather: expected one output list per process");
+  at::Tensor in = inputs[0];
+  check_tensor(in, "all_gather", "input");
+  auto outs = outputs[0];
+  TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size_, "hccl all_gather: output list has ",
+                    outs.size(), " tensors; it needs one per rank (", size_, ")");
+  for (const auto& o : outs) {
+    check_tensor(o, "all_gather", "output");
+    TORCH_CHECK_VALUE(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                      "hccl all_gather: every output tensor must match the input (", in.numel(),
+                      " elements of ", in.scalar_type(), "), got ", o.numel(), " of ",
+                      o.scalar_type());
+  }
+  HCCL_SPEC(s, c10d::OpType::ALLGATHER, "all_gather", {in}, outs, opts.asyncOp);
+  s.dtype = c10::toString(in.scalar_type());
+  s.body = [this, in, outs](uint64_t seq) mutable {
+    at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+    do_all_gather(contiguous_of(in), flat, seq, "all_gather");
+    unflatten_into(flat, outs);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "hccl allgather_coalesced: ", outputs.size(),
+                    " output lists for ", inputs.size(), " inputs");
+  std::vector<at::Tensor> flat_outs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], "allgather_coalesced", "input");
+    TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == size_,
+                      "hccl allgather_coalesced: each output list needs one tensor per rank");
+    for (const auto& o : outputs[i]) {
+      TORCH_CHECK_VALUE(o.numel() == inputs[i].numel() && o.scalar_type() == inputs[i].scalar_type(),
+                        "hccl allgather_coalesced: output tensors must match their input");
+      flat_outs.push_back(o);
+    }
+  }
+  HCCL_SPEC(s, c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", inputs, flat_outs,
+            opts.asyncOp);
+  auto ins = inputs;
+  auto outs = outputs;
+  s.body = [this, ins, outs](uint64_t seq) mutable {
+    for (size_t i = 0; i < ins.size(); ++i) {
+      at::Tensor flat = at::empty({ins[i].numel() * size_}, ins[i].options());
+      do_all_gather(contiguous_of(ins[i]), flat, seq, "allgather_coalesced");
+      unflatten_into(flat, outs[i]);
+    }
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "hccl allgather_into_tensor_coalesced: ",
+                    outputs.size(), " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], "allgather_into_tensor_coalesced", "input");
+    check_tensor(outputs[i], "allgather_into_tensor_coalesced", "output");
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_ &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "hccl allgather_into_tensor_coalesced: output ", i,
+                      " must hold world_size * input.numel() elements of the input dtype");
+  }
+  HCCL_SPEC(s, c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", inputs, outputs,
+            opts.asyncOp);
+  auto ins = inputs, outs = outputs;
+  s.body = [this, ins, outs](uint64_t seq) mutable {
+    for (size_t i = 0; i < ins.size(); ++i) {
+      at::Tensor co = contiguous_of(outs[i]);
+      do_all_gather(contiguous_of(ins[i]), co, seq, "allgather_into_tensor_coalesced");
+      copy_back(outs[i], co);
+    }
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  check_tensor(input, "reduce_scatter_tensor", "input");
+  check_tensor(output, "reduce_scatter_tensor", "output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "hccl reduce_scatter_tensor: output dtype ",
+                    output.scalar_type(), " != input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "hccl reduce_scatter_tensor: input has ",
+                    input.numel(), " elements; it must be world_size * output.numel() = ", size_,
+                    " * ", output.numel(), " (pad the input to a multiple of the world size)");
+  check_reduce(opts.reduceOp, input.scalar_type(), "reduce_scatter_tensor");
+  HCCL_SPEC(s, c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {input}, {output},
+            opts.asyncOp);
+  s.dtype = c10::toString(input.scalar_type());
+  s.reduce_op = reduce_name(opts.reduceOp);
+  auto rop = opts.reduceOp;
+  at::Tensor in = input, out = output;
+  s.body = [this, in, out, rop](uint64_t seq) mutable {
+    at::Tensor co = contiguous_of(out);
+    do_reduce_scatter(contiguous_of(in), co, rop, seq, "reduce_scatter_tensor");
+    copy_back(out, co);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  check_one(outputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(inputs.size() == 1, "hccl reduce_scatter: expected one input list per process");
+  at::Tensor out = outputs[0];
+  check_tensor(out, "reduce_scatter", "output");
+  auto ins = inputs[0];
+  TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == size_, "hccl reduce_scatter: input list has ",
+                    ins.size(), " tensors; it needs one per rank (", size_, ")");
+  for (const auto& t : ins) {
+    check_tensor(t, "reduce_scatter", "input");
+    TORCH_CHECK_VALUE(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
+                      "hccl reduce_scatter: every input tensor must match the output (", out.numel(),
+                      " elements of ", out.scalar_type(), "), got ", t.numel(), " of ", t.scalar_type());
+  }
+  check_reduce(opts.reduceOp, out.scalar_type(), "reduce_scatter");
+  HCCL_SPEC(s, c10d::OpType::REDUCE_SCATTER, "reduce_scatter", ins, {out}, opts.asyncOp);
+  s.dtype = c10::toString(out.scalar_type());
+  s.reduce_op = reduce_name(opts.reduceOp);
+  auto rop = opts.reduceOp;
+  s.body = [this, ins, out, rop](uint64_t seq) mutable {
+    at::Tensor co = contiguous_of(out);
+    do_reduce_scatter(flatten(ins), co, rop, seq, "reduce_scatter");
+    copy_back(out, co);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "hccl reduce_scatter_tensor_coalesced: ",
+                    outputs.size(), " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], "reduce_scatter_tensor_coalesced", "input");
+    check_tensor(outputs[i], "reduce_scatter_tensor_coalesced", "output");
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_ &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "hccl reduce_scatter_tensor_coalesced: input ", i,
+                      " must hold world_size * output.numel() elements of the output dtype");
+    check_reduce(opts.reduceOp, inputs[i].scalar_type(), "reduce_scatter_tensor_coalesced");
+  }
+  HCCL_SPEC(s, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced",
+            inputs, outputs, opts.asyncOp);
+  s.reduce_op = reduce_name(opts.reduceOp);
+  auto rop = opts.reduceOp;
+  auto ins = inputs, outs = outputs;
+  s.body = [this, ins, outs, rop](uint64_t seq) mutable {
+    for (size_t i = 0; i < ins.size(); ++i) {
+      at::Tensor co = contiguous_of(outs[i]);
+      do_reduce_scatter(contiguous_of(ins[i]), co, rop, seq, "reduce_scatter_tensor_coalesced");
+      copy_back(outs[i], co);
+    }
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_splits,
+                                                               std::vector<int64_t>& input_splits,
+                                                               const c10d::AllToAllOptions& opts) {
+  check_tensor(input, "all_to_all_single", "input");
+  check_tensor(output, "all_to_all_single", "output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "hccl all_to_all_single: output dtype ",
+                    output.scalar_type(), " != input dtype ", input.scalar_type());
+  auto rows_to_elems = [&](const at::Tensor& t, std::vector<int64_t> splits, const char* what) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const int64_t row_elems = rows == 0 ? 0 : t.numel() / rows;
+    if (splits.empty()) {
+      TORCH_CHECK_VALUE(rows % size_ == 0, "hccl all_to_all_single: ", what, " dim 0 (", rows,
+                        ") is not divisible by the world size ", size_, "; pass ", what,
+                        "_split_sizes");
+      splits.assign(size_, rows / size_);
+    }
+    TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size_, "hccl all_to_all_single: ", what,
+                      "_split_sizes has ", splits.size(), " entries; it needs one per rank (", size_, ")");
+    int64_t total = 0;
+    for (auto v : splits) {
+      TORCH_CHECK_VALUE(v >= 0, "hccl all_to_all_single: negative split size in ", what, "_split_sizes");
+      total += v;
+    }
+    TORCH_CHECK_VALUE(total == rows, "hccl all_to_all_single: ", what, "_split_sizes sum to ", total,
+                      " but the ", what, " has ", rows, " rows in dim 0");
+    for (auto& v : splits) v *= row_elems;
+    return splits;
+  };
+  auto send = rows_to_elems(input, input_splits, "input");
+  auto recv = rows_to_elems(output, output_splits, "output");
+  HCCL_SPEC(s, c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {input}, {output}, opts.asyncOp);
+  s.dtype = c10::toString(input.scalar_type());
+  at::Tensor in = input, out = output;
+  s.body = [this, in, out, send, recv](uint64_t seq) mutable {
+    at::Tensor co = contiguous_of(out);
+    do_all_to_all(contiguous_of(in), co, send, recv, seq, "all_to_all_single");
+    copy_back(out, co);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+                    "hccl all_to_all: input and output lists need one tensor per rank (", size_,
+                    "), got ", inputs.size(), " and ", outputs.size());
+  std::vector<int64_t> send, recv;
+  for (int i = 0; i < size_; ++i) {
+    check_tensor(inputs[i], "all_to_all", "input");
+    check_tensor(outputs[i], "all_to_all", "output");
+    TORCH_CHECK_VALUE(inputs[i].scalar_type() == inputs[0].scalar_type() &&
+                          outputs[i].scalar_type() == inputs[0].scalar_type(),
+                      "hccl all_to_all: all tensors need one dtype");
+    send.push_back(inputs[i].numel());
+    recv.push_back(outputs[i].numel());
+  }
+  HCCL_SPEC(s, c10d::OpType::ALLTOALL, "all_to_all", inputs, outputs, opts.asyncOp);
+  s.dtype = c10::toString(inputs[0].scalar_type());
+  auto ins = inputs, outs = outputs;
+  s.body = [this, ins, outs, send, recv](uint64_t seq) mutable {
+    const int64_t total = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+    at::Tensor out_flat = at::empty({total}, outs[0].options());
+    do_all_to_all(flatten(ins), out_flat, send, recv, seq, "all_to_all");
+    unflatten_into(out_flat, outs);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  check_one(inputs, "gather");
+  at::Tensor in = inputs[0];
+  check_tensor(in, "gather", "input");
+  const int root = static_cast<int>(opts.rootRank);
+  check_rank(root, "gather", "root");
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                      "hccl gather: the root needs a gather_list with one tensor per rank (", size_, ")");
+    outs = outputs[0];
+    for (const auto& o : outs) {
+      check_tensor(o, "gather", "gather_list entry");
+      TORCH_CHECK_VALUE(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                        "hccl gather: gather_list tensors must match the input (", in.numel(),
+                        " elements of ", in.scalar_type(), ")");
+    }
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
+                      "hccl gather: only the root (rank ", root, ") may pass a gather_list");
+  }
+  HCCL_SPEC(s, c10d::OpType::GATHER, "gather", {in}, outs, opts.asyncOp);
+  s.dtype = c10::toString(in.scalar_type());
+  s.root = root;
+  s.body = [this, in, outs, root](uint64_t seq) mutable {
+    if (rank_ == root) {
+      at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+      do_gather(contiguous_of(in), &flat, root, seq);
+      unflatten_into(flat, outs);
+    } else {
+      do_gather(contiguous_of(in), nullptr, root, seq);
+    }
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  check_one(outputs, "scatter");
+  at::Tensor out = outputs[0];
+  check_tensor(out, "scatter", "output");
+  const int root = static_cast<int>(opts.rootRank);
+  check_rank(root, "scatter", "root");
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                      "hccl scatter: the root needs a scatter_list with one tensor per rank (", size_, ")");
+    ins = inputs[0];
+    for (const auto& t : ins) {
+      check_tensor(t, "scatter", "scatter_list entry");
+      TORCH_CHECK_VALUE(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
+                        "hccl scatter: scatter_list tensors must match the output (", out.numel(),
+                        " elements of ", out.scalar_type(), ")");
+    }
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(),
+                      "hccl scatter: only the root (rank ", root, ") may pass a scatter_list");
+  }
+  HCCL_SPEC(s, c10d::OpType::SCATTER, "scatter", ins, {out}, opts.asyncOp);
+  s.dtype = c10::toString(out.scalar_type());
+  s.root = root;
+  s.body = [this, ins, out, root](uint64_t seq) mutable {
+    at::Tensor co = contiguous_of(out);
+    if (rank_ == root) {
+      at::Tensor flat = flatten(ins);
+      do_scatter(&flat, co, root, seq);
+    } else {
+      do_scatter(nullptr, co, root, seq);
+    }
+    copy_back(out, co);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  check_one(tensors, "send");
+  at::Tensor t = tensors[0];
+  check_tensor(t, "send", "tensor");
+  check_rank(dst, "send", "destination");
+  TORCH_CHECK_VALUE(dst != rank_, "hccl send: rank ", rank_, " cannot send to itself");
+  HCCL_SPEC(s, c10d::OpType::SEND, "send", {t}, {}, true);
+  s.dtype = c10::toString(t.scalar_type());
+  s.p2p = true;
+  s.is_send = true;
+  s.peer = dst;
+  s.body = [this, t, dst, tag](uint64_t) { do_send(contiguous_of(t), dst, tag); };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  check_one(tensors, "recv");
+  at::Tensor t = tensors[0];
+  check_tensor(t, "recv", "tensor");
+  check_rank(src, "recv", "source");
+  TORCH_CHECK_VALUE(src != rank_, "hccl recv: rank ", rank_, " cannot receive from itself");
+  HCCL_SPEC(s, c10d::OpType::RECV, "recv", {}, {t}, true);
+  s.dtype = c10::toString(t.scalar_type());
+  s.p2p = true;
+  s.peer = src;
+  s.body = [this, t, src, tag](uint64_t) mutable {
+    at::Tensor c = contiguous_of(t);
+    do_recv(c, src, tag);
+    copy_back(t, c);
+  };
+  return launch(std::move(s));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOptions& opts) {
+  HCCL_SPEC(s, c10d::OpType::BARRIER, "barrier", {}, {}, opts.asyncOp);
+  s.body = [this](uint64_t seq) { do_barrier(seq); };
+  return launch(std::move(s));
+}
+
+}  // namespace npudist::hccl

@@ -1,0 +1,252 @@
+// ProcessGroupHCCL: the c10d::Backend behind `init_process_group("hccl")`.
+//
+// Inside a node every collective goes through one shared-memory engine Communicator over the node's
+// ranks of this group; between nodes the adapter composes hierarchical collectives (reduce inside the
+// node, leaders exchange over a Gloo group, broadcast back) and sends p2p traffic over Gloo.
+// Execution: small synchronous ops run on the calling thread; asynchronous ones on a per-group worker
+// lane (p2p: one lane per peer and direction). npu tensors are protected with record_stream on the
+// group's comm stream, which carries a fence that completes with the op.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine.h"
+#include "flight_recorder.h"
+#include "lane.h"
+#include "topology.h"
+
+namespace npudist::hccl {
+
+// Backend options: `hccl_config` keys are validated by the Python binding.
+struct HCCLOptions : c10d::Backend::Options {
+  explicit HCCLOptions(std::chrono::milliseconds timeout = kBackendDefaultTimeout)
+      : Options("hccl", timeout) {}
+  size_t buffer_bytes = 0;                            // 0: HCCL_BUFFSIZE (MB) or the engine default
+  std::chrono::milliseconds connect_timeout{0};       // 0: HCCL_CONNECT_TIMEOUT (s) or 120 s
+  bool timeout_from_user = true;                      // false: HCCL_EXEC_TIMEOUT may override
+};
+
+class WorkHCCL;
+
+// One op as the adapter sees it: what to run plus what to report.
+struct OpSpec {
+  c10d::OpType type = c10d::OpType::UNKNOWN;
+  const char* name = "";
+  std::vector<at::Tensor> inputs, outputs;  // kept alive until completion; outputs go to the future
+  std::string dtype, reduce_op, shapes;
+  int root = -1;
+  bool async = true;
+  bool p2p = false;
+  bool is_send = false;
+  int peer = -1;
+  std::function<void(uint64_t seq)> body;  // runs the op (throws on failure)
+};
+
+class ProcessGroupHCCL : public c10d::Backend {
+ public:
+  ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   c10::intrusive_ptr<HCCLOptions> options);
+  ~ProcessGroupHCCL() override;
+
+  const std::string getBackendName() const override { return "hccl"; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  bool supportsSplitting() const override { return true; }
+  bool supportsCoalescing() const override { return false; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void setSequenceNumberForGroup() override { seq_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  void setGroupUid(const std::string& pg_uid) override;
+  c10d::ErrorType getError() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+
+  // Fails pending and future ops with an error naming `reason`; safe from any thread.
+  void abort() override;
+  // Drains pending ops (bounded by the timeout), then releases the communicator.
+  void shutdown() override;
+
+  // Introspection for Python/tests.
+  const Topology& topology() const { return topo_; }
+  std::string comm_name() const { return comm_name_; }
+  std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  // Inter-node transport (Gloo groups created by Python; see bindings.cpp).
+  void attach_gloo(c10::intrusive_ptr<c10d::Backend> all, c10::intrusive_ptr<c10d::Backend> leaders);
+
+  // Called by WorkHCCL when its op finishes.
+  void on_work_done(WorkHCCL* w);
+
+ private:
+  friend class WorkHCCL;
+  void connect();
+  c10::intrusive_ptr<c10d::Work> launch(OpSpec spec);
+  void execute(const c10::intrusive_ptr<WorkHCCL>& work);
+  std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool engine_error);
+  void check_usable(const char* op);
+  void check_tensor(const at::Tensor& t, const char* op, const char* what);
+  void check_rank(int r, const char* op, const char* what);
+  Lane& p2p_lane(int peer, bool is_send);
+  void start_watchdog();
+  void watchdog_loop();
+
+  // Engine calls routed by topology (single node: the shm communicator; several nodes: hierarchical).
+  void do_all_reduce(at::Tensor& t, const c10d::ReduceOp& op, uint64_t seq, const char* name);
+  void do_broadcast(at::Tensor& t, int root, uint64_t seq, const char* name);
+  void do_reduce(at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t seq);
+  void do_all_gather(const at::Tensor& in, at::Tensor& out, uint64_t seq, const char* name);
+  void do_reduce_scatter(const at::Tensor& in, at::Tensor& out, const c10d::ReduceOp& op,
+                         uint64_t seq, const char* name);
+  void do_all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_elems,
+                     const std::vector<int64_t>& recv_elems, uint64_t seq, const char* name);
+  void do_gather(const at::Tensor& in, at::Tensor* out, int root, uint64_t seq);
+  void do_scatter(const at::Tensor* in, at::Tensor& out, int root, uint64_t seq);
+  void do_barrier(uint64_t seq);
+  void do_send(const at::Tensor& t, int peer, int tag);
+  void do_recv(at::Tensor& t, int peer, int tag);
+  // Inter-node helpers (hierarchical.cpp).
+  void hier_all_reduce(at::Tensor& t, const c10d::ReduceOp& op, uint64_t seq, const char* name);
+  void hier_broadcast(at::Tensor& t, int root, uint64_t seq, const char* name);
+  void hier_all_gather(const at::Tensor& in, at::Tensor& out, uint64_t seq, const char* name);
+  void hier_barrier(uint64_t seq);
+  void gloo_wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<HCCLOptions> options_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds connect_timeout_;
+  size_t buffer_bytes_ = 0;
+  Topology topo_;
+  std::string comm_name_;
+  std::unique_ptr<Communicator> comm_;  // intra-node; null when this node holds one rank of the group
+  c10::intrusive_ptr<c10d::Backend> gloo_all_, gloo_leaders_;
+
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> p2p_seq_{0};
+  std::mutex issue_mu_;  // issue order == sequence order
+  Lane coll_lane_;
+  std::mutex p2p_mu_;
+  std::map<std::pair<int, bool>, std::unique_ptr<Lane>> p2p_lanes_;
+
+  // npu: one comm stream per device, created on first use.
+  std::mutex stream_mu_;
+  std::map<int, int64_t> comm_streams_;
+  int64_t comm_stream(int device);
+
+  std::shared_ptr<FlightRecorder> recorder_;
+
+  // Outstanding work, observed by the watchdog.
+  std::mutex works_mu_;
+  std::list<c10::intrusive_ptr<WorkHCCL>> outstanding_;
+  std::condition_variable watchdog_cv_;
+  std::thread watchdog_;
+  bool watchdog_stop_ = false;
+
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> terminated_{false};  // shut down or destroyed
+  std::string abort_reason_;
+  std::atomic<int> error_type_{0};
+  int async_error_handling_ = 1;
+  bool blocking_wait_ = false;
+  bool dump_on_timeout_ = false;
+  int global_rank_ = 0;
+};
+
+// The Work returned by every op.
+class WorkHCCL : public c10d::Work {
+ public:
+  WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
+  void abort() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return future_; }
+  std::vector<at::Tensor> result() override { return spec_.outputs; }
+  uint64_t getSequencenumber() const override { return seq_; }
+  float getDuration() const override;
+
+  // Blocks until completed without raising (used by the npu stream fence).
+  void block_until_done();
+  // Completes the work (once); called by the executing thread.
+  void complete(std::exception_ptr error);
+  std::string describe() const;
+
+  OpSpec spec_;
+  const uint64_t seq_;
+  const uint64_t trace_id_;
+  std::chrono::steady_clock::time_point issued_, started_, finished_;
+  std::atomic<bool> observed_{false};     // the user saw the outcome (wait/future)
+  std::atomic<bool> error_handled_{false};  // the watchdog acted on its failure
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  ProcessGroupHCCL* pg_;  // valid while the work is outstanding (the group drains before dying)
+};
+
+// Mapping helpers shared by the translation units.
+DataType to_engine_dtype(at::ScalarType t, const char* op);
+std::string describe_shapes(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out);
+
+// Device runtime C table handed over from Python (npudist._C._runtime_api()).
+void set_runtime_api(uintptr_t address);
+
+}  // namespace npudist::hccl
