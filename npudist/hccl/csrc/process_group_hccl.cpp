@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -139,7 +140,14 @@ void ProcessGroupHCCL::connect() {
   if (rank_ == 0) store_->set("hccl_token", to_bytes(random_token() + "_" + std::to_string(getpid())));
   store_->wait({"hccl_token"}, connect_timeout_);
   const std::string token = from_bytes(store_->get("hccl_token"));
-  comm_name_ = token + "_n" + std::to_string(topo_.node);
+  // NPUDIST_JOB_ID (optional) prefixes the name, so a job's segments in /dev/shm are recognisable.
+  std::string job;
+  if (const char* j = std::getenv("NPUDIST_JOB_ID")) {
+    for (const char* c = j; *c && job.size() < 16; ++c) {
+      if (std::isalnum(static_cast<unsigned char>(*c))) job += *c;
+    }
+  }
+  comm_name_ = (job.empty() ? "" : job + "_") + token + "_n" + std::to_string(topo_.node);
 
   // 3. The node's shared-memory communicator.
   CommConfig cfg;
@@ -148,6 +156,10 @@ void ProcessGroupHCCL::connect() {
   cfg.size = topo_.local_size();
   cfg.buffer_bytes = buffer_bytes_;
   cfg.timeout = timeout_;
+  for (int r : topo_.local_ranks()) {
+    const auto& g = options_->global_ranks_in_group;
+    cfg.global_ranks.push_back(static_cast<int>(g.size()) == size_ ? static_cast<int>(g[r]) : r);
+  }
   StoreBootstrap boot(store_, "hccl_eng/n" + std::to_string(topo_.node) + "/", connect_timeout_);
   try {
     comm_ = Communicator::connect(cfg, boot);
@@ -438,16 +450,8 @@ std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, co
   } else {
     error_type_ = static_cast<int>(c10d::ErrorType::COMM_ERROR);
   }
-  std::string where;
-  if (topo_.num_nodes() > 1) {
-    where = c10::str(" [node ", topo_.node, " of ", topo_.num_nodes(), "; engine ranks are node-local: ");
-    for (size_t i = 0; i < topo_.local_ranks().size(); ++i) {
-      where += c10::str(i ? ", " : "", "local ", i, " = group rank ", topo_.local_ranks()[i]);
-    }
-    where += "]";
-  }
   return std::make_exception_ptr(c10::DistBackendError(
-      here(__func__), c10::str("hccl: ", w.describe(), " ", kind, ": ", e.what(), where)));
+      here(__func__), c10::str("hccl: ", w.describe(), " ", kind, ": ", e.what())));
 }
 
 // ------------------------------------------------------------------------------------------------

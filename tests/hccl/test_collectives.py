@@ -1,0 +1,20 @@
+"""Every collective of torch.distributed on the hccl backend at 2 and 4 ranks, against local references.
+
+Each test starts one multi-process run that performs hundreds of checks (see worker.py); HCCL_BUFFSIZE=1
+makes the "large" sizes exceed the shared-memory buffer so the chunked paths run.
+"""
+import pytest
+
+from launcher import run_ranks
+
+ENV = {"HCCL_BUFFSIZE": "1"}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_collective_cpu(world_size):
+    run_ranks("collectives", world_size, env=ENV, timeout=200)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_p2p_coalesced_objects_functional_async_cpu(world_size):
+    run_ranks("p2p_and_misc", world_size, env=ENV, timeout=150)
