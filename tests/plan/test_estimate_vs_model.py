@@ -24,7 +24,9 @@ def test_layout_matches_real_model(tied):
     assert count_params(cfg) == sum(p.numel() for p in model.parameters())
 
 
-def _local_params(rank, world, plan_dict):
+def _local_params(rank, world, plan_dicts):
+    """Parallelize the real model under every plan in one process group; local parameter elements and
+    block indices per plan."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -32,33 +34,44 @@ def _local_params(rank, world, plan_dict):
     from npudist.models import build_model
     from npudist.parallelize import parallelize
 
-    plan = load_plan(plan_dict, world_size=world)
-    mesh = build_mesh(plan.parallel, "cpu")
-    torch.manual_seed(0)
-    pm = parallelize(build_model(plan.model), plan, mesh)
-    local = {n: (p.to_local() if isinstance(p, DTensor) else p).numel() for n, p in pm.named_parameters()}
-    return sum(local.values()), sorted({int(n.split(".")[1]) for n in local if n.startswith("layers.")})
+    out = []
+    for plan_dict in plan_dicts:
+        plan = load_plan(plan_dict, world_size=world)
+        mesh = build_mesh(plan.parallel, "cpu")
+        torch.manual_seed(0)
+        pm = parallelize(build_model(plan.model), plan, mesh)
+        local = {n: (p.to_local() if isinstance(p, DTensor) else p).numel() for n, p in pm.named_parameters()}
+        out.append((sum(local.values()),
+                    sorted({int(n.split(".")[1]) for n in local if n.startswith("layers.")})))
+    return out
 
 
+WORLD = 4
 LAYOUTS = {
     "fsdp2_tp2": {"dp_shard_degree": 2, "tp_degree": 2},
     "pp2_fsdp2": {"pp_degree": 2, "dp_shard_degree": 2, "pp": {"microbatches": 2}},
-    "pp2_interleaved": {"pp_degree": 2, "dp_shard_degree": 1,
-                        "pp": {"schedule": "Interleaved1F1B", "virtual_stages": 2, "microbatches": 2}},
+    "pp2_tp2_interleaved": {"pp_degree": 2, "tp_degree": 2, "dp_shard_degree": 1,
+                            "pp": {"schedule": "Interleaved1F1B", "virtual_stages": 2, "microbatches": 2}},
 }
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_estimate_matches_parallelized_model(name):
+def _plan_dict(parallel):
+    return {"model": MODEL, "training": {"device": "cpu"}, "parallel": parallel,
+            "data": {"seq_len": 32, "micro_batch_size": 2, "global_batch_size": 4}}
+
+
+@pytest.fixture(scope="module")
+def real_shards():
     pytest.importorskip("npudist.parallelize")
-    parallel = LAYOUTS[name]
-    plan_dict = {"model": MODEL, "training": {"device": "cpu"}, "parallel": parallel,
-                 "data": {"seq_len": 32, "micro_batch_size": 2, "global_batch_size": 4}}
-    world = 4 if name != "pp2_interleaved" else 2
-    plan = load_plan(plan_dict, world_size=world)
+    return run_ranks(_local_params, WORLD, [_plan_dict(p) for p in LAYOUTS.values()], timeout=200)
+
+
+@pytest.mark.parametrize("index,name", list(enumerate(LAYOUTS)), ids=list(LAYOUTS))
+def test_estimate_matches_parallelized_model(index, name, real_shards):
+    plan = load_plan(_plan_dict(LAYOUTS[name]), world_size=WORLD)
     degrees = plan.parallel.degrees()
-    results = run_ranks(_local_params, world, plan_dict, timeout=200)
-    for rank, (numel, layers) in enumerate(results):
+    for rank, per_plan in enumerate(real_shards):
+        numel, layers = per_plan[index]
         est = estimate_rank(plan, degrees, rank)
         assert est.layers == layers, f"rank {rank}"
         assert est.params == numel, f"rank {rank}: estimate {est.params} vs real {numel}"

@@ -39,21 +39,40 @@ def _check_mesh(rank, world, degrees, device_type):
                 described=M.describe_mesh(mesh))
 
 
+def _check_all(rank, world, cases, device_type):
+    """Every case in one process group (spawning ranks is the slow part): build each mesh in turn."""
+    from npudist.mesh import build_mesh
+    out = [_check_mesh(rank, world, degrees, device_type) for degrees, _, _ in cases]
+    try:
+        build_mesh(ParallelDegrees(pp=1, dp_replicate=1, dp_shard=8, tp=1), device_type)
+        wrong = None
+    except ValueError as e:
+        wrong = str(e)
+    return out, wrong
+
+
+WORLD = 4
 CASES = [
     # degrees, expected mesh dims, expected new process groups per rank
-    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=2, tp=1), ("dp_shard",), 0),
+    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=4, tp=1), ("dp_shard",), 0),   # reuses the default group
     (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=2, tp=2), ("dp_shard", "tp"), 2),
     (ParallelDegrees(pp=2, dp_replicate=1, dp_shard=1, tp=2), ("pp", "tp"), 2),
+    (ParallelDegrees(pp=2, dp_replicate=1, dp_shard=2, tp=1), ("pp", "dp_shard"), 2),
     # the flattened dp dim spans the whole world, so it reuses the default group
     (ParallelDegrees(pp=1, dp_replicate=2, dp_shard=2, tp=1), ("dp_replicate", "dp_shard"), 2),
 ]
 
 
-@pytest.mark.parametrize("degrees,dims,created", CASES, ids=lambda c: str(c))
-def test_mesh_gloo(degrees, dims, created):
-    world = degrees.world_size
-    results = run_ranks(_check_mesh, world, degrees, "cpu", timeout=150)
-    for rank, r in enumerate(results):
+@pytest.fixture(scope="module")
+def gloo_results():
+    return run_ranks(_check_all, WORLD, CASES, "cpu", timeout=150)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[str(c[0]) for c in CASES])
+def test_mesh_gloo(case, gloo_results):
+    degrees, dims, created = CASES[case]
+    for rank, (all_cases, _) in enumerate(gloo_results):
+        r = all_cases[case]
         assert r["names"] == dims
         assert r["created"] == created, f"rank {rank}: {r['created']} groups created, expected {created}"
         expected = rank_coordinates(degrees, rank)
@@ -64,7 +83,7 @@ def test_mesh_gloo(degrees, dims, created):
                 assert r["peers"][name] == group_ranks(degrees, name, rank)
             else:
                 assert r["peers"][name] is None
-        dp_peers = sorted({p for n in ("dp_replicate", "dp_shard") for q in group_ranks(degrees, n, rank)
+        dp_peers = sorted({p for q in group_ranks(degrees, "dp_replicate", rank)
                            for p in group_ranks(degrees, "dp_shard", q)})
         assert r["peers"]["dp"] == (dp_peers if degrees.dp > 1 else None)
         assert r["dp_rank"] == expected["dp_replicate"] * degrees.dp_shard + expected["dp_shard"]
@@ -72,15 +91,6 @@ def test_mesh_gloo(degrees, dims, created):
                              .get((degrees.dp_replicate > 1, degrees.dp_shard > 1)))
 
 
-def test_mesh_rejects_wrong_world():
-    msgs = run_ranks(_wrong_world, 2, timeout=60)
-    assert all(m and "multiply to 4 ranks but the process group has 2" in m for m in msgs)
-
-
-def _wrong_world(rank, world):
-    from npudist.mesh import build_mesh
-    try:
-        build_mesh(ParallelDegrees(pp=1, dp_replicate=1, dp_shard=4, tp=1), "cpu")
-    except ValueError as e:
-        return str(e)
-    return None
+def test_mesh_rejects_wrong_world(gloo_results):
+    for _, wrong in gloo_results:
+        assert wrong and "multiply to 8 ranks but the process group has 4" in wrong
