@@ -24,7 +24,10 @@ def _worker(rank, world, port, backend, fn, args, out):
     import torch.distributed as dist
     try:
         if backend == "hccl":
-            import npudist.hccl  # noqa: F401  registers the backend
+            import torch
+
+            import npudist  # noqa: F401  registers the npu device and the hccl backend
+            torch.npu.set_device(rank)   # as npurun's worker bootstrap does (LOCAL_RANK)
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
         try:
             out.put((rank, "ok", fn(rank, world, *args)))

@@ -1,4 +1,4 @@
-"""build_mesh on gloo (CPU): dims of size 1 are absent and create no process group, the layout matches
+"""build_mesh on gloo (CPU) and hccl (npu): dims of size 1 are absent and create no process group, the layout matches
 the torch-free rank_coordinates, and every sub-mesh group reduces over exactly the expected peers."""
 import pytest
 
@@ -63,15 +63,21 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gloo_results():
-    return run_ranks(_check_all, WORLD, CASES, "cpu", timeout=150)
+_RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module", params=[("gloo", "cpu"), ("hccl", "npu")], ids=["gloo-cpu", "hccl-npu"])
+def mesh_results(request):
+    backend, device = request.param
+    if backend not in _RESULTS:
+        _RESULTS[backend] = run_ranks(_check_all, WORLD, CASES, device, backend=backend, timeout=150)
+    return _RESULTS[backend]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[str(c[0]) for c in CASES])
-def test_mesh_gloo(case, gloo_results):
+def test_mesh(case, mesh_results):
     degrees, dims, created = CASES[case]
-    for rank, (all_cases, _) in enumerate(gloo_results):
+    for rank, (all_cases, _) in enumerate(mesh_results):
         r = all_cases[case]
         assert r["names"] == dims
         assert r["created"] == created, f"rank {rank}: {r['created']} groups created, expected {created}"
@@ -91,6 +97,6 @@ def test_mesh_gloo(case, gloo_results):
                              .get((degrees.dp_replicate > 1, degrees.dp_shard > 1)))
 
 
-def test_mesh_rejects_wrong_world(gloo_results):
-    for _, wrong in gloo_results:
+def test_mesh_rejects_wrong_world(mesh_results):
+    for _, wrong in mesh_results:
         assert wrong and "multiply to 8 ranks but the process group has 4" in wrong
