@@ -37,7 +37,7 @@ std::array<size_t, 2> DeviceAllocator::stat_types(const BlockPool* pool) const {
 
 Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& ctx) {
   std::unique_lock<std::mutex> lock(mu_);
-  process_events(false);
+  process_events();
   size_t size = round_size(cfg_, orig_size);
   BlockPool* pool = size <= kSmallSize ? &small_ : &large_;
   AllocParams p{stream, size, caching_ ? segment_size_for(size) : size, pool, nullptr, &ctx};
@@ -50,7 +50,7 @@ Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& 
       if (cfg_.garbage_collection_threshold > 0) garbage_collect_cached_blocks(ctx);
       found = alloc_block(p, false) ||
               (release_available_cached_blocks(p) && alloc_block(p, false)) ||
-              (release_cached_blocks(ctx) && alloc_block(p, true));
+              (release_cached_blocks(ctx, lock) && alloc_block(p, true));
     }
   }
   if (!found) {
@@ -253,24 +253,32 @@ void DeviceAllocator::insert_events(Block* block) {
   }
 }
 
-void DeviceAllocator::process_events(bool wait) {
+void DeviceAllocator::process_events() {
   if (pending_.empty()) return;
-  if (wait) stats_.num_sync_all_streams += 1;
   std::deque<std::pair<std::shared_ptr<void>, Block*>> still;
-  std::vector<std::pair<std::shared_ptr<void>, Block*>> done;
+  std::vector<Block*> done;
   for (auto& e : pending_) {
-    if (wait) hooks_->marker_wait(e.first);
-    if (wait || hooks_->marker_done(e.first)) {
-      done.push_back(std::move(e));
+    if (hooks_->marker_done(e.first)) {
+      done.push_back(e.second);
     } else {
       still.push_back(std::move(e));
     }
   }
   pending_.swap(still);
-  for (auto& e : done) {
-    Block* b = e.second;
+  for (Block* b : done) {
     if (--b->event_count == 0) free_block(b, Context());
   }
+}
+
+void DeviceAllocator::wait_pending(std::unique_lock<std::mutex>& lock) {
+  if (pending_.empty()) return;
+  stats_.num_sync_all_streams += 1;
+  std::vector<std::shared_ptr<void>> markers;
+  for (auto& e : pending_) markers.push_back(e.first);
+  lock.unlock();
+  for (auto& m : markers) hooks_->marker_wait(m);
+  lock.lock();
+  process_events();
 }
 
 bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
@@ -299,8 +307,8 @@ bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
   return true;
 }
 
-bool DeviceAllocator::release_cached_blocks(const Context& ctx) {
-  process_events(true);
+bool DeviceAllocator::release_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock) {
+  wait_pending(lock);
   release_blocks(&large_, ctx);
   release_blocks(&small_, ctx);
   return true;
@@ -368,8 +376,8 @@ void DeviceAllocator::garbage_collect_cached_blocks(const Context& ctx) {
 }
 
 void DeviceAllocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mu_);
-  release_cached_blocks(Context());
+  std::unique_lock<std::mutex> lock(mu_);
+  release_cached_blocks(Context(), lock);
 }
 
 namespace {

@@ -108,9 +108,12 @@ class DeviceAllocator {
   void free_block(Block* block, const Context& ctx);
   size_t try_merge_blocks(Block* dst, Block* src, BlockPool* pool);
   void insert_events(Block* block);
-  void process_events(bool wait);
+  void process_events();
+  // Waits for every outstanding marker with mu_ released (a stream's host function may itself free
+  // npu memory), then frees the blocks that waited on them.
+  void wait_pending(std::unique_lock<std::mutex>& lock);
   bool release_available_cached_blocks(const AllocParams& p);
-  bool release_cached_blocks(const Context& ctx);
+  bool release_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock);
   void release_blocks(BlockPool* pool, const Context& ctx);
   void release_block(Block* block, const Context& ctx);
   void release_expandable_pages(Block* block, const Context& ctx);

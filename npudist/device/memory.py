@@ -1,2 +1,404 @@
-"""torch.npu.memory: allocator statistics and tools (mirrors torch.cuda.memory). Filled by the allocator work."""
-__all__: list[str] = []
+"""torch.npu.memory: statistics and tools of the npu caching allocator (mirrors ``torch.cuda.memory``).
+
+The allocator itself is C++ (``device_core/allocator``); this module is its Python face: the same
+function names, arguments and stat keys as ``torch.cuda``, snapshots that PyTorch's memory visualizer
+(``torch.cuda._memory_viz``, https://pytorch.org/memory_viz) reads, OOM snapshots
+(``OOM_SNAPSHOT_ENABLE``/``OOM_SNAPSHOT_PATH``) and the pluggable-allocator switch. See docs/memory.md.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import pickle
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from npudist import _C
+
+__all__ = [
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "change_current_allocator",
+    "empty_cache",
+    "get_allocator_backend",
+    "get_per_process_memory_fraction",
+    "max_memory_allocated",
+    "max_memory_cached",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_cached",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "NPUPluggableAllocator",
+    "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
+]
+
+
+def _device_index(device: Any = None) -> int:
+    """Index of ``device`` (None/int/str/torch.device); None or an index-less ``npu`` means current."""
+    if device is None:
+        idx = _C._current_device()
+    elif isinstance(device, bool):
+        raise ValueError(f"Expected an npu device, got {device!r}")
+    elif isinstance(device, int):
+        idx = device
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"Expected an npu device (e.g. 'npu:0' or 0), got {device!r}") from e
+        if dev.type != "npu":
+            raise ValueError(f"Expected an npu device, got {dev} (use torch.cuda/torch.cpu APIs for those)")
+        idx = _C._current_device() if dev.index is None else dev.index
+    n = _C._device_count()
+    if not 0 <= idx < n:
+        raise ValueError(f"Invalid npu device index {idx}: this process sees {n} npu device(s) "
+                         "(NPUDIST_DEVICE_COUNT / ASCEND_RT_VISIBLE_DEVICES)")
+    return idx
+
+
+def _stream_id(stream: Any, device: int) -> int:
+    if stream is None:
+        return _C._current_stream(device)
+    if isinstance(stream, torch.Stream):
+        if stream.device_type != torch.device("npu").type or stream.device_index != device:
+            raise ValueError(f"stream {stream} is not a stream of npu:{device}")
+        return stream.stream_id
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    raise TypeError(f"stream must be a torch.npu.Stream, a stream id or None, got {type(stream).__name__}")
+
+
+# ---- allocation / cache control -------------------------------------------------------------------
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """Allocate ``size`` bytes from the caching allocator on ``device`` for ``stream``; returns the address.
+
+    Free it with :func:`caching_allocator_delete`. Raises ``torch.OutOfMemoryError`` when the device is full.
+    """
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"size must be a non-negative int, got {size!r}")
+    idx = _device_index(device)
+    return _C._npu_cachingAllocator_raw_alloc(size, idx, _stream_id(stream, idx))
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Free memory returned by :func:`caching_allocator_alloc` (ValueError for any other address)."""
+    _C._npu_cachingAllocator_raw_delete(int(mem_ptr))
+
+
+def empty_cache() -> None:
+    """Return every unused cached segment (and unused pages of expandable segments) to the device.
+
+    Memory held by live tensors is not freed; blocks waiting for other streams (``record_stream``) are
+    first waited for.
+    """
+    _C._npu_emptyCache()
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Limit this process to ``fraction`` (0..1) of the device capacity; beyond it allocations OOM."""
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+        raise TypeError(f"fraction must be a float, got {type(fraction).__name__}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"Invalid fraction {fraction}: give a value between 0.0 and 1.0")
+    _C._npu_setMemoryFraction(float(fraction), _device_index(device))
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The fraction set by :func:`set_per_process_memory_fraction` (1.0 by default)."""
+    return _C._npu_getMemoryFraction(_device_index(device))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) device memory in bytes; free = capacity minus what this process reserved."""
+    return tuple(_C._npu_memGetInfo(_device_index(device)))
+
+
+def get_allocator_backend() -> str:
+    """'native' (the caching allocator) or 'pluggable' (after :func:`change_current_allocator`)."""
+    return _C._npu_allocator_backend()
+
+
+def _set_allocator_settings(env: str) -> None:
+    """Apply a PYTORCH_NPU_ALLOC_CONF string at run time (affects later allocations)."""
+    _C._npu_set_allocator_settings(env)
+
+
+# ---- statistics -----------------------------------------------------------------------------------
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """:func:`memory_stats` as a nested dictionary (``torch.cuda.memory_stats_as_nested_dict`` layout)."""
+    return _C._npu_memoryStats(_device_index(device))
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """Allocator statistics with the keys of ``torch.cuda.memory_stats``, e.g.
+    ``allocated_bytes.all.current``, ``reserved_bytes.large_pool.peak``, ``num_alloc_retries``,
+    ``num_ooms``; sorted by key.
+    """
+    flat: list[tuple[str, Any]] = []
+
+    def visit(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)
+                visit(f"{prefix}.{key}" if prefix else key, v)
+        else:
+            flat.append((prefix, obj))
+
+    visit("", memory_stats_as_nested_dict(device))
+    flat.sort()
+    return collections.OrderedDict(flat)
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently occupied by tensors on ``device`` (block sizes, i.e. after rounding)."""
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or :func:`reset_peak_memory_stats`."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes held by the caching allocator on ``device`` (allocated + cached)."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since start or :func:`reset_peak_memory_stats`."""
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated alias of :func:`memory_reserved` (as in torch.cuda)."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated alias of :func:`max_memory_reserved` (as in torch.cuda)."""
+    return max_memory_reserved(device)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Reset every ``peak`` stat to its current value."""
+    _C._npu_resetPeakMemoryStats(_device_index(device))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """Reset the peak of allocated memory (resets all peaks, as in torch.cuda)."""
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Reset the peak of reserved memory (resets all peaks, as in torch.cuda)."""
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Reset the ``allocated``/``freed`` totals and the event counters (retries, OOMs, ...)."""
+    _C._npu_resetAccumulatedMemoryStats(_device_index(device))
+
+
+def _format_bytes(n: int, ref: int) -> str:
+    units = ["B  ", "KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    while i + 1 < len(units) and ref >= 768 * 1024:
+        n //= 1024
+        ref //= 1024
+        i += 1
+    return f"{n:6d} {units[i]}"
+
+
+def _format_count(n: int, ref: int) -> str:
+    units = [" ", "K", "M"]
+    i = 0
+    while i + 1 < len(units) and ref >= 750 * 1000:
+        n //= 1000
+        ref //= 1000
+        i += 1
+    return f"{n:7d} {units[i]} "
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """Human-readable table of the allocator statistics (the layout of ``torch.cuda.memory_summary``)."""
+    idx = _device_index(device)
+    s = memory_stats(idx)
+    width = 75
+    lines = ["=" * width, f"{'PyTorch NPU memory summary, device ID ' + str(idx):^{width}}", "-" * width,
+             f"{'NPU OOMs: ' + str(s['num_ooms']):^37}|{'device alloc retries: ' + str(s['num_alloc_retries']):^37}",
+             "=" * width,
+             "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+    metrics = [("allocated_bytes", "Allocated memory", _format_bytes),
+               ("active_bytes", "Active memory", _format_bytes),
+               ("requested_bytes", "Requested memory", _format_bytes),
+               ("reserved_bytes", "NPU reserved memory", _format_bytes),
+               ("inactive_split_bytes", "Non-releasable memory", _format_bytes),
+               ("allocation", "Allocations", _format_count),
+               ("active", "Active allocs", _format_count),
+               ("segment", "NPU reserved segments", _format_count),
+               ("inactive_split", "Non-releasable allocs", _format_count)]
+    for key, name, fmt in metrics:
+        lines.append("-" * width)
+        pools = [("all", name)]
+        if not abbreviated:
+            pools += [("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+        ref = None
+        for pool, label in pools:
+            vals = [s[f"{key}.{pool}.{m}"] for m in ("current", "peak", "allocated", "freed")]
+            ref = ref or vals
+            cells = " | ".join(fmt(v, r) for v, r in zip(vals, ref))
+            lines.append(f" {label:<21} | {cells} ")
+    for key, name in (("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize NPU segments")):
+        lines.append("-" * width)
+        vals = [s[f"{key}.{m}"] for m in ("current", "peak", "allocated", "freed")]
+        lines.append(f" {name:<21} | " + " | ".join(_format_count(v, v) for v in vals) + " ")
+    lines.append("=" * width)
+    return "|" + "|\n|".join(lines) + "|\n"
+
+
+# ---- snapshots and history ------------------------------------------------------------------------
+
+def _record_memory_history(enabled: str | None = "all", context: str | None = "all", stacks: str = "all",
+                           max_entries: int = sys.maxsize, device: Any = None, clear_history: bool = False,
+                           skip_actions: list[str] | None = None) -> None:
+    """Record stack traces of allocations (and, with ``enabled="all"``, a history of alloc/free events).
+
+    Same arguments as ``torch.cuda.memory._record_memory_history``: ``enabled`` None/"state"/"all",
+    ``context`` None/"state"/"alloc"/"all" (which events keep stacks), ``stacks`` "python"/"all" (adds C++
+    frames, much slower to symbolize), ``max_entries`` (ring buffer size), ``clear_history``,
+    ``skip_actions``. Applies to all npu devices (``device`` is accepted for compatibility).
+    """
+    if isinstance(enabled, bool):
+        enabled = "all" if enabled else None
+    if not isinstance(max_entries, int) or max_entries < 0:
+        raise ValueError(f"max_entries must be a non-negative int, got {max_entries!r}")
+    if device is not None:
+        _device_index(device)
+    _C._npu_record_memory_history(enabled, context, stacks, min(max_entries, 2**63 - 1), bool(clear_history),
+                                  list(skip_actions or []))
+
+
+def _snapshot(device: Any = None) -> dict[str, Any]:
+    """Allocator state in ``torch.cuda.memory._snapshot()`` format: ``segments`` (with ``blocks`` and
+    their stack ``frames``), ``device_traces`` (one list of events per device) and ``allocator_settings``.
+    """
+    return _C._npu_memorySnapshot()
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """The ``segments`` of :func:`_snapshot` (as ``torch.cuda.memory_snapshot``)."""
+    return _snapshot()["segments"]
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle :func:`_snapshot` to ``filename`` (drag it onto https://pytorch.org/memory_viz)."""
+    snap = _snapshot()
+    with open(filename, "wb") as f:
+        pickle.dump(snap, f)
+
+
+def _save_segment_usage(filename: str = "output.svg", snapshot: dict | None = None) -> None:
+    from torch.cuda import _memory_viz
+
+    with open(filename, "w") as f:
+        f.write(_memory_viz.segment_plot(snapshot if snapshot is not None else _snapshot()))
+
+
+def _save_memory_usage(filename: str = "output.svg", snapshot: dict | None = None) -> None:
+    from torch.cuda import _memory_viz
+
+    with open(filename, "w") as f:
+        f.write(_memory_viz.trace_plot(snapshot if snapshot is not None else _snapshot()))
+
+
+def _attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None]) -> None:
+    """Call ``observer(device, alloc_size, device_allocated, device_free)`` before an npu OOM is raised."""
+    if not callable(observer):
+        raise TypeError("observer must be callable")
+    _C._npu_attach_out_of_memory_observer(observer)
+
+
+def _dump_oom_snapshot(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    directory = os.environ.get("OOM_SNAPSHOT_PATH") or os.getcwd()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"oom_snapshot_{os.getpid()}_{time.strftime('%Y%m%d%H%M%S')}.pickle")
+    _dump_snapshot(path)
+    sys.stderr.write(f"[npudist] npu:{device} out of memory (tried to allocate {alloc} bytes); "
+                     f"memory snapshot written to {path}\n")
+
+
+def _install_oom_snapshot() -> None:
+    """OOM_SNAPSHOT_ENABLE=1: record full history and dump a snapshot on OOM; =2: current state only."""
+    mode = os.environ.get("OOM_SNAPSHOT_ENABLE", "0").strip()
+    if mode in ("", "0"):
+        return
+    if mode not in ("1", "2"):
+        raise ValueError(f"OOM_SNAPSHOT_ENABLE={mode!r}: use 0 (off), 1 (state and history) or 2 (state only)")
+    _record_memory_history("all" if mode == "1" else "state", context="all", stacks="python")
+    _attach_out_of_memory_observer(_dump_oom_snapshot)
+
+
+# ---- pluggable allocator --------------------------------------------------------------------------
+
+class _NPUAllocator:
+    """Base of allocators that :func:`change_current_allocator` accepts."""
+
+
+class NPUPluggableAllocator(_NPUAllocator):
+    """An allocator from a shared library (as ``torch.cuda.memory.CUDAPluggableAllocator``).
+
+    The library exports ``void* alloc_fn(size_t size, int device, void* stream)`` and
+    ``void free_fn(void* ptr, size_t size, int device, void* stream)``; ``stream`` carries the npu stream
+    id. Caching, statistics and snapshots are the library's business (torch.npu stats raise while it is
+    active); ``record_stream`` is ignored for its memory.
+    """
+
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str):
+        try:
+            self._lib = ctypes.CDLL(os.fspath(path_to_so_file))
+        except OSError as e:
+            raise ValueError(f"NPUPluggableAllocator: cannot load {path_to_so_file!r}: {e}") from e
+        addrs = []
+        for name in (alloc_fn_name, free_fn_name):
+            try:
+                addrs.append(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value)
+            except AttributeError as e:
+                raise ValueError(f"NPUPluggableAllocator: {path_to_so_file!r} does not export {name!r} "
+                                 "(declare it extern \"C\")") from e
+        self._alloc_fn, self._free_fn = addrs
+        self.path = os.fspath(path_to_so_file)
+
+
+_current_allocator: _NPUAllocator | None = None
+
+
+def change_current_allocator(allocator: _NPUAllocator) -> None:
+    """Route all later npu allocations to ``allocator``. Only before the first npu allocation."""
+    global _current_allocator
+    if not isinstance(allocator, NPUPluggableAllocator):
+        raise TypeError(f"change_current_allocator expects an NPUPluggableAllocator, got {type(allocator).__name__}")
+    _C._npu_change_current_allocator(allocator._alloc_fn, allocator._free_fn)
+    _current_allocator = allocator  # keeps the library loaded
+
+
+def _get_current_allocator() -> _NPUAllocator | None:
+    """The pluggable allocator in use, or None for the built-in caching allocator."""
+    return _current_allocator
+
+
+_install_oom_snapshot()
