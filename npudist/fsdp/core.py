@@ -69,7 +69,8 @@ def _op_policy():
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
     save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
             torch.ops.aten._scaled_dot_product_flash_attention.default,
-            torch.ops.aten._scaled_dot_product_efficient_attention.default}
+            torch.ops.aten._scaled_dot_product_efficient_attention.default,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
@@ -77,19 +78,29 @@ def _op_policy():
     return lambda: create_selective_checkpoint_contexts(policy)
 
 
+def _checkpoint(block: nn.Module, context_fn=None) -> None:
+    if hasattr(block, "set_activation_checkpointing"):
+        block.set_activation_checkpointing(context_fn)
+    elif context_fn is None:
+        checkpoint(block)   # composable: no wrapper module, names unchanged
+    else:
+        raise ValueError(f"{type(block).__name__} does not support selective (op) activation checkpointing; "
+                         "use parallel.activation_checkpoint.mode full or selective_policy layer")
+
+
 def apply_activation_checkpointing(model: nn.Module, ac_cfg) -> nn.Module:
-    """Recompute block activations in backward per ``ac_cfg`` (an ``ACConfig``). Uses the composable
-    ``checkpoint`` so parameter names do not change (no wrapper module in the FQNs)."""
+    """Recompute block activations in backward per ``ac_cfg`` (an ``ACConfig``): ``full`` every block,
+    ``selective`` + ``layer`` every ``every_n_layers``-th block (by global index, so a pipeline stage
+    checkpoints the same blocks as the whole model), ``selective`` + ``op`` every block but keeping matmul
+    and attention outputs."""
     if ac_cfg.mode == "none":
         return model
-    blocks = list(model.layers.items())
-    for name, block in blocks:
+    for name, block in model.layers.items():
         if ac_cfg.mode == "full":
-            checkpoint(block)
+            _checkpoint(block)
         elif ac_cfg.selective_policy == "layer":
-            # Global layer index, so a pipeline stage checkpoints the same blocks as the full model would.
             if int(name) % ac_cfg.every_n_layers == 0:
-                checkpoint(block)
+                _checkpoint(block)
         else:
-            checkpoint(block, context_fn=_op_policy())
+            _checkpoint(block, _op_policy())
     return model

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -136,7 +137,21 @@ class TransformerBlock(nn.Module):
         # Depth-scaled init of the output projections (as in torchtitan) keeps the residual stream stable.
         self.out_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
 
+    def set_activation_checkpointing(self, context_fn=None) -> None:
+        """Recompute this block's activations in backward. Done inside ``forward`` (not by a wrapper module or
+        module hooks) so parameter names stay unchanged and FSDP's hooks on the block stay outside the
+        recomputed region, which selective (op-level) checkpointing requires. ``context_fn`` as in
+        ``torch.utils.checkpoint.checkpoint``."""
+        self._ac_context_fn = context_fn if context_fn is not None else torch.utils.checkpoint.noop_context_fn
+        self._ac_enabled = True
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "_ac_enabled", False) and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, use_reentrant=False,
+                                                     context_fn=self._ac_context_fn)
+        return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # The rotary tables go by keyword so TP input preparation only sees (and reshards) the activation.
         h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin)
         return h + self.feed_forward(self.ffn_norm(h))

@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""Training throughput (tokens/s) of the same model on npu+hccl vs cpu+gloo, FSDP x 2 and TP x 2.
+
+    python benchmarks/train_throughput.py                 # spawns 2 ranks itself (torch.distributed.run)
+    python benchmarks/train_throughput.py --rounds 7 --steps 4 --dim 512
+
+One run, one process group with two backends (``npu:hccl,cpu:gloo``): every rank builds the same model
+four times -- {npu, cpu} x {FSDP over 2 ranks, TP over 2 ranks} -- from the same seed, then runs
+``--rounds`` rounds; in each round every variant trains ``--steps`` optimizer steps (after warm-up), in
+alternating order, so machine noise hits all variants alike. Reported: median tokens/s per variant and the
+npu/cpu ratio per layout (> 1 means hccl on npu is faster). Compute kernels are the same CPU kernels on
+both devices (the npu runs them zero-copy), so the ratio isolates collectives and device overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=3, help="optimizer steps per variant per round")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before round 1")
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
+    ap.add_argument("--devices", default="npu:hccl,cpu:gloo",
+                    help="the two device:backend pairs to compare (first / second)")
+    ap.add_argument("--json", help="also write the results as JSON to this file")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def _plan(args, device: str, backend: str, layout: str, corpus: str):
+    from npudist.plan import (DataConfig, ModelConfig, OptimizerConfig, ParallelConfig, Plan, ScheduleConfig,
+                              TPConfig, TrainingConfig)
+    dp = 2 if layout == "fsdp" else 1
+    return Plan(
+        model=ModelConfig(vocab_size=256, dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=4,
+                          ffn_hidden_dim=args.dim * 8 // 3 // 64 * 64, max_seq_len=args.seq_len),
+        data=DataConfig(path=corpus, seq_len=args.seq_len, global_batch_size=args.batch,
+                        micro_batch_size=args.batch // dp),
+        optimizer=OptimizerConfig(lr=1e-3),
+        schedule=ScheduleConfig(warmup_steps=0, decay="constant"),
+        training=TrainingConfig(steps=10**6, seed=0, max_grad_norm=1.0, device=device, backend=backend),
+        parallel=ParallelConfig(dp_shard_degree=dp, tp_degree=1 if layout == "fsdp" else 2,
+                                tp=TPConfig(sequence_parallel=True)),
+    )
+
+
+class _Variant:
+    def __init__(self, args, device, backend, layout, corpus):
+        import torch
+        from npudist.data import TextDataset
+        from npudist.mesh import build_mesh, dim_rank, dim_size
+        from npudist.models import build_model
+        from npudist.parallelize import parallelize
+        from npudist.train.optim import build_lr_scheduler, build_optimizer
+
+        self.name, self.layout, self.device = f"{device}+{backend}", layout, device
+        self.plan = _plan(args, device, backend, layout, corpus)
+        mesh = build_mesh(self.plan.parallel, device_type=device)
+        torch.manual_seed(0)
+        self.pm = parallelize(build_model(self.plan.model), self.plan, mesh)
+        self.opt = build_optimizer(list(self.pm.named_parameters()), self.plan.optimizer)
+        self.sched = build_lr_scheduler(self.opt, self.plan.schedule, self.plan.training.steps)
+        self.data = TextDataset(corpus, args.seq_len, self.plan.data.micro_batch_size,
+                                dp_rank=dim_rank(mesh, "dp"), dp_degree=dim_size(mesh, "dp"))
+        self.tokens_per_step = args.batch * args.seq_len
+        self.rates: list[float] = []
+        self.losses: list[float] = []
+
+    def run(self, steps: int, record: bool) -> None:
+        import torch.distributed as dist
+        from npudist.train.step import train_step
+        for _ in range(steps):
+            batch = [self.data.next_batch()]
+            dist.barrier()    # every rank starts the step together: time the step, not the stragglers
+            t0 = time.perf_counter()
+            loss, _ = train_step(self.pm, self.opt, self.sched, batch, self.plan.training.max_grad_norm)
+            dt = time.perf_counter() - t0
+            if record:
+                self.rates.append(self.tokens_per_step / dt)
+                self.losses.append(loss)
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    devs = [pair.split(":") for pair in args.devices.split(",")]
+    if any(d == "npu" for d, _ in devs):
+        import npudist  # noqa: F401  (npu device + hccl backend)
+        torch.npu.set_device(int(os.environ["LOCAL_RANK"]))
+    backends = ",".join(sorted({f"{d}:{b}" for d, b in devs}))
+    dist.init_process_group(backends)
+    rank = dist.get_rank()
+    from npudist.data import default_corpus_path
+    if rank == 0:
+        default_corpus_path()
+    dist.barrier()
+    corpus = default_corpus_path()
+    variants = [_Variant(args, d, b, layout, corpus) for layout in ("fsdp", "tp") for d, b in devs]
+    for v in variants:
+        v.run(args.warmup, record=False)
+    for r in range(args.rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for v in order:
+            v.run(args.steps, record=True)
+    if rank == 0:
+        _report(args, variants)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _report(args, variants) -> None:
+    results = {}
+    print(f"\nTraining throughput, 2 ranks, model dim {args.dim} x {args.layers} layers, seq {args.seq_len}, "
+          f"global batch {args.batch}; {args.rounds} interleaved rounds x {args.steps} steps (median tokens/s)")
+    print(f"{'layout':<8}{'variant':<14}{'tokens/s':>12}{'min':>10}{'max':>10}{'final loss':>12}")
+    for v in variants:
+        med = statistics.median(v.rates)
+        results.setdefault(v.layout, {})[v.name] = med
+        print(f"{v.layout:<8}{v.name:<14}{med:>12,.0f}{min(v.rates):>10,.0f}{max(v.rates):>10,.0f}"
+              f"{v.losses[-1]:>12.4f}")
+    first, second = [f"{d}+{b}" for d, b in (p.split(":") for p in args.devices.split(","))]
+    ratios = {layout: r[first] / r[second] for layout, r in results.items()}
+    for layout, ratio in ratios.items():
+        print(f"{layout}: {first} / {second} = {ratio:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "tokens_per_s": results, "ratio": ratios}, f, indent=1)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+           os.path.abspath(__file__), "--worker", *(argv if argv is not None else sys.argv[1:])]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return subprocess.run(cmd, env=env, timeout=3600).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
