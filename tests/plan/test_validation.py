@@ -270,7 +270,7 @@ def test_backend_device_mismatch():
 
 def test_optimizer_and_schedule_ranges():
     errs = errors_of({"optimizer": {"lr": -1, "betas": [0.9, 1.0], "eps": 0, "weight_decay": -0.1},
-                      "schedule": {"warmup_steps": 50, "min_lr_ratio": 2}, "training": {"steps": 10,
+                      "schedule": {"warmup_steps": -1, "min_lr_ratio": 2}, "training": {"steps": 10,
                                                                                        "max_grad_norm": 0}})
     keys = [e.split(":")[0] for e in errs]
     assert keys == ["training.max_grad_norm", "optimizer.lr", "optimizer.betas[1]", "optimizer.eps",
@@ -291,3 +291,7 @@ def test_broken_field_does_not_cascade():
     # dim is garbage: rules that read dim (dim % n_heads) must stay quiet rather than judge the default
     errs = errors_of({"model": {"dim": "x", "n_heads": 7}})
     assert errs == ["model.dim: expected an integer, got 'x'"]
+
+
+def test_warmup_longer_than_run_is_allowed():
+    assert load_plan({"schedule": {"warmup_steps": 10}, "training": {"steps": 3}}).training.steps == 3
