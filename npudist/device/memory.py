@@ -73,7 +73,7 @@ def _stream_id(stream: Any, device: int) -> int:
     if stream is None:
         return _C._current_stream(device)
     if isinstance(stream, torch.Stream):
-        if stream.device_type != torch.device("npu").type or stream.device_index != device:
+        if stream.device.type != "npu" or stream.device_index != device:
             raise ValueError(f"stream {stream} is not a stream of npu:{device}")
         return stream.stream_id
     if isinstance(stream, int) and not isinstance(stream, bool):
