@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
-LAUNCH_TIMEOUT = 120  # seconds for one npurun job (each starts <= 4 workers)
+LAUNCH_TIMEOUT = 200  # seconds for one npurun job (<= 4 workers); below pytest's 240 s per test
 
 
 @dataclass

@@ -42,12 +42,15 @@ def test_rank0_only_and_hccl_env(tmp_path):
     assert "id 'boxA'" in res.summary_lines()[0]
 
 
-def test_module_and_run_path_modes(tmp_path):
+def test_module_mode(tmp_path):
     res = run_npurun(["--device", "cpu", "--nproc", "2", "-m", "pkg_entry", "x", "y"], tmp_path,
-                     env={"PYTHONPATH": str(SCRIPTS)})
+                     env={"PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))})
     assert res.returncode == 0, res.output
     assert sorted(worker_lines(res, "MODULE").values()) == [
         "rank=0 name=__main__ argv=['x', 'y']", "rank=1 name=__main__ argv=['x', 'y']"]
+
+
+def test_run_path_mode(tmp_path):
     res = run_npurun(["--device", "cpu", "--nproc", "2", "--run-path", str(SCRIPTS / "report_cpu.py"), "z"],
                      tmp_path)
     assert res.returncode == 0, res.output
@@ -69,12 +72,15 @@ def test_crashing_worker_fails_job_and_names_rank(tmp_path):
     assert "DONE" not in res.stdout
 
 
-def test_exit_code_and_signal_failures_show_stderr(tmp_path):
+def test_exit_code_failure_shows_its_stderr(tmp_path):
     res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
                      env={"CRASH_RANK": "0", "CRASH_MODE": "exit"})
     assert res.returncode == 1, res.output
     assert "rank 0 (local 0) exit code 3" in res.output
     assert "npurun:   rank 0: giving up with exit code 3" in res.output  # from the rank's captured stderr
+
+
+def test_signal_failure_names_the_signal(tmp_path):
     res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
                      env={"CRASH_RANK": "1", "CRASH_MODE": "abort"})
     assert res.returncode == 1, res.output
@@ -93,7 +99,11 @@ def test_max_restarts_restarts_once(tmp_path):
     assert ["attempt 1/2" in starts[0], "attempt 2/2" in starts[1], len(starts)] == [True, True, 2]
     restart = [ln for ln in res.summary_lines() if "restarting" in ln]
     assert len(restart) == 1 and "rank 1: ValueError: corrupt batch" in restart[0]
+
+
+def test_max_restarts_exhausted_fails(tmp_path):
     # A worker that keeps failing uses up the single restart and fails the job.
+    script = str(SCRIPTS / "crash.py")
     res = run_npurun(["--device", "cpu", "--nproc", "2", "--max-restarts", "1", script], tmp_path,
                      env={"CRASH_RANK": "1"})
     assert res.returncode == 1, res.output
