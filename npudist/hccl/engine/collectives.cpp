@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm.h"
+#include "memops.h"
 #include "reduce.h"
 
 namespace npudist::hccl::detail {
@@ -77,6 +78,7 @@ void ShmCommunicator::reduce_pipelined(const void* in, void* out, size_t count, 
   const size_t align = std::max<size_t>(64 / es, 1);
   const size_t chunk_max = seg_max * size_;
   const bool gather_here = root < 0 || root == rank_;
+  const bool stream = count * es >= stream_bytes_;
   for (size_t off = 0; off < count; off += chunk_max) {
     const size_t c = std::min(chunk_max, count - off);
     const size_t seg = std::min(seg_max, align_up((c + size_ - 1) / size_, align));
@@ -98,15 +100,16 @@ void ShmCommunicator::reduce_pipelined(const void* in, void* out, size_t count, 
     char* w2 = write_half() + rank_ * seg * es;
     if (my) {
       void* dst = gather_here ? mptr(out, (off + rank_ * seg) * es) : w2;
-      reduce_buffers(t, op, srcs_.data(), size_, dst, gather_here ? w2 : nullptr, my, scale);
+      reduce_buffers(t, op, srcs_.data(), size_, dst, gather_here ? w2 : nullptr, my, scale, stream && gather_here);
     }
     sync();
     // Step B: collect the other ranks' reduced segments.
     if (!gather_here) continue;
     for (int j = 0; j < size_; ++j) {
-      if (j != rank_ && seg_len(j)) std::memcpy(mptr(out, (off + j * seg) * es), read_half(j) + j * seg * es, seg_len(j) * es);
+      if (j != rank_ && seg_len(j)) copy_out(mptr(out, (off + j * seg) * es), read_half(j) + j * seg * es, seg_len(j) * es, stream);
     }
   }
+  if (stream) stream_fence();
   if (count == 0) sync();  // zero-size ops still meet (arrival and mismatch check)
 }
 
@@ -119,9 +122,10 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo&
     const size_t len = std::min(pipe_bytes_, bytes - off);
     if (rank_ == root && len) std::memcpy(write_half(), cptr(buf, off), len);
     sync();
-    if (rank_ != root && len) std::memcpy(mptr(buf, off), read_half(root), len);
+    if (rank_ != root && len) copy_out(mptr(buf, off), read_half(root), len, bytes >= stream_bytes_);
     off += len;
   } while (off < bytes);
+  if (bytes >= stream_bytes_) stream_fence();
 }
 
 void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) {
@@ -133,10 +137,11 @@ void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const 
     if (len) std::memcpy(write_half(), cptr(in, off), len);
     sync();
     for (int j = 0; j < size_ && len; ++j) {
-      if (j != rank_) std::memcpy(mptr(out, j * bytes + off), read_half(j), len);
+      if (j != rank_) copy_out(mptr(out, j * bytes + off), read_half(j), len, bytes * size_ >= stream_bytes_);
     }
     off += len;
   } while (off < bytes);
+  if (bytes * size_ >= stream_bytes_) stream_fence();
   if (bytes && cptr(in, 0) != mptr(out, rank_ * bytes)) std::memmove(mptr(out, rank_ * bytes), in, bytes);
 }
 

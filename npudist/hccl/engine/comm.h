@@ -69,6 +69,7 @@ class ShmCommunicator final : public Communicator {
   size_t half_;           // bytes of one half of a staging slot
   size_t pipe_bytes_;     // bytes moved per rank per pipelined step (<= half_)
   size_t one_shot_bytes_; // all_reduce/reduce up to this size use the one-shot algorithm
+  size_t stream_bytes_;   // ops whose output is at least this large write it with streaming stores
 
   // Collective state: touched only by the thread issuing collectives.
   uint64_t step_ = 0;

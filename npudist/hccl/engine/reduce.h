@@ -12,8 +12,9 @@ void check_reduce_supported(DataType t, ReduceOp op, double scale);
 
 // dst[i] = (srcs[0][i] op ... op srcs[n-1][i]) * scale for i < count; also stored to dst2 when non-null.
 // dst/dst2 may alias any source at the same positions (each block is read fully before it is stored).
+// `stream_dst`: write dst with streaming stores (large outputs; see memops.h).
 void reduce_buffers(DataType t, ReduceOp op, const void* const* srcs, int nsrc, void* dst, void* dst2,
-                    size_t count, double scale);
+                    size_t count, double scale, bool stream_dst = false);
 
 // Bit-exact conversions used by the kernels (exposed for tests and benchmarks).
 float half_to_float(unsigned short h);

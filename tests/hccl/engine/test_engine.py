@@ -49,8 +49,9 @@ def shm_leftovers(name):
     return [p for p in os.listdir("/dev/shm") if p.startswith("npudist_" + name)]
 
 
-def run_ranks(driver, test, n, *, timeout_ms=20000, buffer=16 << 10, wall=90):
+def run_ranks(driver, test, n, *, timeout_ms=20000, buffer=16 << 10, wall=90, env=None):
     """Starts n rank processes; returns [(returncode, output)] per rank. Always reaps every process."""
+    env = dict(os.environ, **(env or {}))
     name = "enginetest_%s_%s" % (test, uuid.uuid4().hex[:10])
     boot = tempfile.mkdtemp(prefix="npudist_boot_")
     procs = []
@@ -58,7 +59,7 @@ def run_ranks(driver, test, n, *, timeout_ms=20000, buffer=16 << 10, wall=90):
         for r in range(n):
             cmd = [driver, "--rank", str(r), "--size", str(n), "--dir", boot, "--name", name, "--test", test,
                    "--buffer", str(buffer), "--timeout-ms", str(timeout_ms)]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
         results = []
         for p in procs:
             out, _ = p.communicate(timeout=wall)
@@ -93,6 +94,14 @@ def test_every_collective_dtype_and_reduce_op_matches_reference(driver, n):
 def test_collectives_with_default_sized_buffer(driver, n):
     # 1 MiB staging buffer: exercises the one-shot/pipelined switch at realistic chunk sizes.
     results, name = run_ranks(driver, "collectives", n, buffer=1 << 20)
+    assert_all_pass(results, name)
+
+
+@pytest.mark.timeout(120)
+def test_collectives_with_portable_kernels_and_streaming_stores(driver):
+    # Baseline-ISA reduction kernels (no AVX2/F16C) and streaming stores for every output size.
+    results, name = run_ranks(driver, "collectives", 2,
+                              env={"NPUDIST_ENGINE_NO_AVX2": "1", "NPUDIST_ENGINE_STREAM_KB": "1"})
     assert_all_pass(results, name)
 
 

@@ -1,0 +1,157 @@
+// Engine-level micro benchmark (no torch): forks N ranks, times the collectives of the shared-memory engine
+// on raw fp32 buffers and prints median time and busbw (nccl-tests formulas) per size, plus the 2-thread
+// memcpy bandwidth measured in the same run. For tuning the engine; benchmarks/collectives.py is the
+// user-facing hccl-vs-gloo comparison.
+//
+// Build: g++ -std=c++17 -O3 -pthread -Inpudist/hccl/engine benchmarks/engine_bench.cpp \
+//            npudist/hccl/engine/*.cpp -o /tmp/engine_bench -lrt
+// Run:   /tmp/engine_bench [nranks=2] [ops=all_reduce,...] [max_mib=128]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine.h"
+
+using namespace npudist::hccl;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct FileBootstrap : Bootstrap {
+  std::string dir;
+  explicit FileBootstrap(std::string d) : dir(std::move(d)) {}
+  std::string path(const std::string& k) {
+    std::string s;
+    for (char c : k) s += c == '/' ? '_' : c;
+    return dir + "/" + s;
+  }
+  void set(const std::string& k, const std::string& v) override {
+    std::string p = path(k), t = p + ".tmp";
+    { std::ofstream f(t); f << v; }
+    std::rename(t.c_str(), p.c_str());
+  }
+  std::string get(const std::string& k) override {
+    for (int i = 0; i < 60000; ++i) {
+      std::ifstream f(path(k));
+      if (f) { std::stringstream ss; ss << f.rdbuf(); return ss.str(); }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    throw std::runtime_error("bootstrap timeout");
+  }
+};
+
+double memcpy_2thread_gbps(size_t bytes) {
+  std::vector<char> a(bytes), b(bytes), c(bytes), d(bytes);
+  std::memset(a.data(), 1, bytes); std::memset(b.data(), 1, bytes);
+  std::memset(c.data(), 1, bytes); std::memset(d.data(), 1, bytes);
+  std::vector<double> t;
+  for (int rep = 0; rep < 7; ++rep) {
+    auto t0 = Clock::now();
+    std::thread th([&] { std::memcpy(b.data(), a.data(), bytes); });
+    std::memcpy(d.data(), c.data(), bytes);
+    th.join();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return 2.0 * bytes / t[t.size() / 2] / 1e9;
+}
+
+// busbw factor per nccl-tests: all_reduce 2(n-1)/n; all_gather/reduce_scatter/all_to_all (n-1)/n; bcast 1.
+double bus_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  return static_cast<double>(n - 1) / n;
+}
+
+void run_rank(int rank, int n, const std::string& dir, const std::vector<std::string>& ops, size_t max_bytes) {
+  CommConfig cfg;
+  cfg.name = "bench_" + std::to_string(getppid());
+  cfg.rank = rank;
+  cfg.size = n;
+  cfg.timeout = std::chrono::seconds(120);
+  if (const char* b = getenv("HCCL_BUFFSIZE")) cfg.buffer_bytes = std::stoul(b) << 20;
+  FileBootstrap bs(dir);
+  auto comm = Communicator::connect(cfg, bs);
+  std::vector<char> in(max_bytes * n), out(max_bytes * n);
+  std::memset(in.data(), 0, in.size());
+  std::memset(out.data(), 0, out.size());
+  std::vector<size_t> counts(n), offs(n);
+  uint64_t seq = 0;
+  for (const auto& op : ops) {
+    for (size_t bytes : {8ul, 64ul, 512ul, 4ul << 10, 32ul << 10, 256ul << 10, 1ul << 20, 4ul << 20, 16ul << 20,
+                         64ul << 20, 128ul << 20}) {
+      if (bytes > max_bytes) break;
+      const size_t count = bytes / 4;
+      auto call = [&] {
+        OpInfo info{op.c_str(), ++seq};
+        if (op == "all_reduce") comm->all_reduce(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum, info);
+        else if (op == "broadcast") comm->broadcast(out.data(), bytes, 0, info);
+        else if (op == "all_gather") comm->all_gather(in.data(), out.data(), bytes / n, info);
+        else if (op == "reduce_scatter") comm->reduce_scatter(in.data(), out.data(), count / n, DataType::kFloat32, ReduceOp::kSum, info);
+        else if (op == "all_to_all") {
+          for (int j = 0; j < n; ++j) { counts[j] = bytes / n; offs[j] = j * (bytes / n); }
+          comm->all_to_all(in.data(), counts.data(), offs.data(), out.data(), counts.data(), offs.data(), info);
+        } else comm->barrier(info);
+      };
+      // Iterations per round sized to ~20 ms; every rank uses rank 0's choice via a fixed formula.
+      const int iters = static_cast<int>(std::clamp<size_t>((40u << 20) / std::max<size_t>(bytes, 1), 3, 2000));
+      call(); call();
+      std::vector<double> rounds;
+      for (int round = 0; round < 5; ++round) {
+        comm->barrier(OpInfo{"barrier", ++seq});
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) call();
+        rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+      }
+      std::sort(rounds.begin(), rounds.end());
+      double t = rounds[rounds.size() / 2];
+      if (rank == 0) {
+        double algbw = bytes / t / 1e9;
+        std::printf("%-15s %11zu B %10.2f us  algbw %7.3f GB/s  busbw %7.3f GB/s\n", op.c_str(), bytes, t * 1e6,
+                    algbw, algbw * bus_factor(op, n));
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = argc > 1 ? std::atoi(argv[1]) : 2;
+  std::string ops_arg = argc > 2 ? argv[2] : "all_reduce,broadcast,all_gather,reduce_scatter,all_to_all";
+  size_t max_bytes = (argc > 3 ? std::stoul(argv[3]) : 128) << 20;
+  std::vector<std::string> ops;
+  std::stringstream ss(ops_arg);
+  for (std::string s; std::getline(ss, s, ',');) ops.push_back(s);
+  std::printf("2-thread memcpy (64 MiB each): %.2f GB/s\n", memcpy_2thread_gbps(64u << 20));
+  std::fflush(stdout);
+  char tmpl[] = "/tmp/engine_bench.XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::vector<pid_t> kids;
+  for (int r = 0; r < n; ++r) {
+    pid_t p = fork();
+    if (p == 0) {
+      try { run_rank(r, n, dir, ops, max_bytes); } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        _exit(1);
+      }
+      _exit(0);
+    }
+    kids.push_back(p);
+  }
+  int bad = 0;
+  for (pid_t p : kids) { int st = 0; waitpid(p, &st, 0); bad |= st != 0; }
+  std::string cmd = "rm -rf " + dir;
+  (void)!system(cmd.c_str());
+  return bad;
+}
