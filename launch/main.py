@@ -134,6 +134,9 @@ def run(argv: list[str] | None = None) -> int:
             os.environ["OMP_NUM_THREADS"] = "1"
             worker_env["OMP_NUM_THREADS"] = "1"
         standalone = resolve_rendezvous(args)
+        if "NPUDIST_JOB_ID" not in os.environ and args.rdzv_id != "none":
+            # hccl prefixes its /dev/shm segment names with this, so a job's segments are recognisable.
+            os.environ["NPUDIST_JOB_ID"] = args.rdzv_id
         entrypoint, cmd_args = build_entrypoint(args)
         logs_specs = make_logs_specs(args, reporter)
         args.log_dir = logs_specs.root_log_dir  # so torchrun's own LogsSpecs does not mkdtemp another dir

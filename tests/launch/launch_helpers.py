@@ -40,7 +40,7 @@ def _env(cwd: Path, extra: dict[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
     env["TMPDIR"] = str(cwd)  # torchelastic's default log dirs (kept after failures) land in the test's dir
     # Keep the jobs small and independent of the caller's setup.
-    for var in ("NPUDIST_NODE_ID", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZE",
+    for var in ("NPUDIST_NODE_ID", "NPUDIST_JOB_ID", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZE",
                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
         env.pop(var, None)
     env.update(extra or {})

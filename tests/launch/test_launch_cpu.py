@@ -24,6 +24,7 @@ def test_single_node_two_ranks(tmp_path):
         assert (rep["rank"], rep["world"], rep["local_rank"]) == (rank, 2, rank)
         assert rep["sum"] == 3.0 and rep["argv"] == ["--lr", "0.5"]
         assert rep["name"] == "__main__" and rep["path0"] == str(SCRIPTS)  # as `python script.py`
+        assert rep["job_id"] == rep["run_id"] and len(rep["run_id"]) > 8  # standalone: a fresh uuid per job
     start, end = res.summary_lines()[0], res.summary_lines()[-1]
     assert re.search(r"start attempt 1/1: nodes 1 .*ranks 0-1 of 2, devices cpu .*rendezvous c10d \(standalone\)",
                      start), start

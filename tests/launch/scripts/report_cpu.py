@@ -14,6 +14,7 @@ info = {
     "rank": rank, "world": world, "local_rank": int(os.environ["LOCAL_RANK"]),
     "group_rank": int(os.environ["GROUP_RANK"]), "sum": t.item(), "argv": sys.argv[1:],
     "name": __name__, "path0": sys.path[0], "node_id": os.environ.get("NPUDIST_NODE_ID"),
+    "job_id": os.environ.get("NPUDIST_JOB_ID"), "run_id": os.environ["TORCHELASTIC_RUN_ID"],
     "hccl_timeout": os.environ.get("HCCL_EXEC_TIMEOUT"), "hccl_buffsize": os.environ.get("HCCL_BUFFSIZE"),
 }
 print("REPORT " + json.dumps(info), flush=True)
