@@ -63,13 +63,16 @@ def _tp_sharded(plan: Plan, module: str) -> bool:
 
 def _block_activation(plan: Plan, tp: int) -> tuple[float, float]:
     """(elements per token per block kept for backward, elements per token at a checkpointed block).
-    No AC keeps: norm inputs/outputs and residuals (6*dim, split by TP only with sequence parallelism),
-    q/k/v, attention output and wo input (3*dim + 2*kv_dim) and the SwiGLU w1/w3/silu/product (4*ffn),
-    split by TP."""
+    No AC keeps: per RMSNorm its input, normalized value and output (2 x 3*dim, split by TP only with
+    sequence parallelism); q and k before and after RoPE, v, the attention output and wo's input (k and v
+    repeated to n_heads when GQA groups them), and SwiGLU's w1/w3 outputs, silu and product (4*ffn), split
+    by TP."""
     m, par = plan.model, plan.parallel
     sp = tp if par.tp.sequence_parallel else 1
     kv = m.kv_heads * m.head_dim
-    replicated, sharded = 6 * m.dim / sp, (3 * m.dim + 2 * kv + 4 * m.ffn_hidden_dim) / tp
+    kv_used = m.dim if m.kv_heads != m.n_heads else kv          # after repeat_interleave
+    attention = 4 * m.dim + kv + 2 * kv_used                   # q pre/post rope, k pre-rope, k/v, out, wo in
+    replicated, sharded = 6 * m.dim / sp, (attention + 4 * m.ffn_hidden_dim) / tp
     full = replicated + sharded
     ac = par.activation_checkpoint
     if ac.mode == "full":
@@ -155,7 +158,7 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     logits = 0
     if head:
         vocab = m.vocab_size / (degrees.tp if par.tp.loss_parallel and degrees.tp > 1 else 1)
-        logits = 2 * vocab * tokens * 4      # fp32 logits + log-softmax kept for the backward
+        logits = 3 * vocab * tokens * 4      # fp32 log-softmax output + its gradient + the logits' gradient
     flight = _in_flight(plan, coords["pp"], len(stages))
     recompute = per_layer * tokens * act_bytes if ac.mode == "full" else 0   # one block rebuilt in backward
     activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute)
