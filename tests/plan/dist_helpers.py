@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import queue
 import socket
-import tempfile
 import traceback
 
 import torch.multiprocessing as mp
@@ -82,6 +81,3 @@ def run_ranks(fn, world: int, *args, backend: str = "gloo", timeout: float = 120
                 p.kill()
                 p.join(timeout=5)
 
-
-def tmp_dir() -> str:
-    return tempfile.mkdtemp(prefix="npudist_plan_test_")
