@@ -38,12 +38,17 @@ __all__ = [
     "memory_stats_as_nested_dict",
     "memory_summary",
     "NPUPluggableAllocator",
+    "OutOfMemoryError",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
 ]
+
+
+# Raised when an npu allocation does not fit (torch.cuda.OutOfMemoryError is the same class).
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def _device_index(device: Any = None) -> int:

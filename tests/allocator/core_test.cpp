@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "caching_allocator.h"
 
@@ -591,6 +592,42 @@ void test_random_stress() {
   }
 }
 
+void test_threads() {
+  // Concurrent allocate/free on shared devices (the adapter frees from any thread, e.g. stream workers).
+  for (const char* conf : {"", "expandable_segments:True"}) {
+    Env e(conf, true, 1024 * MiB);
+    std::vector<std::thread> threads;
+    std::vector<int> errors(4, 0);
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&e, &errors, t] {
+        std::mt19937_64 rng(t);
+        std::vector<std::pair<unsigned char*, size_t>> mine;
+        for (int i = 0; i < 2000; ++i) {
+          if (mine.empty() || rng() % 2) {
+            size_t size = rng() % 8 == 0 ? rng() % (8 * MiB) + 1 : rng() % 20000 + 1;
+            auto* p = static_cast<unsigned char*>(e.a->malloc(t % 2, size, t % 3, {}));
+            std::memset(p, t + 1, size);
+            mine.emplace_back(p, size);
+          } else {
+            size_t k = rng() % mine.size();
+            auto [p, size] = mine[k];
+            if (p[0] != t + 1 || p[size - 1] != t + 1) errors[t]++;  // someone else wrote into our block
+            e.a->free(p);
+            mine.erase(mine.begin() + static_cast<long>(k));
+          }
+          if (i % 700 == 0) e.a->empty_cache();
+        }
+        for (auto& m : mine) e.a->free(m.first);
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int err : errors) CHECK_EQ(err, 0);
+    check_invariants(*e.a, 0);
+    check_invariants(*e.a, 1);
+    CHECK_EQ(cur(e.st(0).allocated_bytes) + cur(e.st(1).allocated_bytes), 0);
+  }
+}
+
 int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::function<void()>>> tests = {
       {"rounding", test_rounding},
@@ -612,6 +649,7 @@ int main(int argc, char** argv) {
       {"history", test_history},
       {"stats_reset", test_stats_reset},
       {"random_stress", test_random_stress},
+      {"threads", test_threads},
   };
   if (argc > 1 && std::string(argv[1]) == "--list") {
     for (auto& t : tests) std::cout << t.first << "\n";

@@ -25,7 +25,7 @@ def _test_names():
 def core_test_binary():
     if shutil.which("g++") is None:
         pytest.skip("g++ not available")
-    flags = ["-std=c++17", "-O1", "-g", "-Wall", "-Werror"]
+    flags = ["-std=c++17", "-O1", "-g", "-Wall", "-Werror", "-pthread"]
     if os.environ.get("NPUDIST_TEST_SANITIZE") == "1":
         flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     sources = [TEST_SRC] + [os.path.join(ALLOC, s) for s in CORE_SOURCES]

@@ -15,7 +15,8 @@ def test_oom_raises_torch_outofmemoryerror_with_cuda_style_message():
         keep = torch.empty(40 * MiB, dtype=torch.uint8, device="npu")
         try:
             torch.empty(40 * MiB, dtype=torch.uint8, device="npu")
-        except torch.OutOfMemoryError as e:
+        except torch.npu.OutOfMemoryError as e:
+            assert isinstance(e, torch.OutOfMemoryError)
             print("MSG", str(e).splitlines()[0])
         s = torch.npu.memory_stats()
         print("OOMS", s["num_ooms"], "RETRIES", s["num_alloc_retries"])
