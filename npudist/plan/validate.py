@@ -5,6 +5,7 @@ those keys already failed type conversion (its value is then a default and the m
 """
 from __future__ import annotations
 
+import os
 import re
 
 from .errors import suggest
@@ -230,6 +231,9 @@ def _check_pp(c: _Checks, p: Plan, pp_degree: int) -> None:
 def _check_data(c: _Checks, p: Plan, dp: int | None) -> None:
     d = p.data
     _positive(c, d, "data", ("seq_len", "global_batch_size", "micro_batch_size"))
+    if d.path is not None and not os.path.isfile(d.path):
+        c.fail("data.path", f"{d.path!r} is not a readable file (relative paths are from the working "
+               f"directory {os.getcwd()}); use null for the built-in corpus")
     if d.seq_len > p.model.max_seq_len:
         c.fail("data.seq_len", f"{d.seq_len} exceeds model.max_seq_len={p.model.max_seq_len}",
                "model.max_seq_len")

@@ -20,11 +20,13 @@ def test_override_beats_file(tmp_path):
     assert plan.parallel.tp_degree == 2 and plan.model.n_kv_heads is None
 
 
-def test_override_values_are_yaml():
+def test_override_values_are_yaml(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text")
     plan = load_plan({}, ["--optimizer.betas=[0.8, 0.9]", "--model.tie_embeddings", "true",
-                          "--parallel.fsdp.wrap", "[layers.0, layers.1]", "--data.path", "corpus.txt"])
+                          "--parallel.fsdp.wrap", "[layers.0, layers.1]", "--data.path", str(corpus)])
     assert plan.optimizer.betas == (0.8, 0.9) and plan.model.tie_embeddings is True
-    assert plan.parallel.fsdp.wrap == ["layers.0", "layers.1"] and plan.data.path == "corpus.txt"
+    assert plan.parallel.fsdp.wrap == ["layers.0", "layers.1"] and plan.data.path == str(corpus)
 
 
 def test_override_into_mapping_keeps_dots_in_key():

@@ -295,3 +295,10 @@ def test_broken_field_does_not_cascade():
 
 def test_warmup_longer_than_run_is_allowed():
     assert load_plan({"schedule": {"warmup_steps": 10}, "training": {"steps": 3}}).training.steps == 3
+
+
+def test_data_path_must_exist(tmp_path):
+    one_error({"data": {"path": str(tmp_path / "missing.txt")}}, "data.path", "not a readable file")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello")
+    assert load_plan({"data": {"path": str(corpus)}}).data.path == str(corpus)
