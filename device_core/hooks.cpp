@@ -1,0 +1,227 @@
+// PrivateUse1 hooks (availability, generators, pinned memory, storage resize) and the npu generator.
+//
+// The npu generator's state is CUDA's 16-byte (seed, offset) Philox layout, which DTensor's
+// OffsetBasedRNGTracker and pipelining's fork_rng read and write. The CPU kernels that do the sampling
+// need a CPU generator: for each random op we seed a per-generator CPU generator from mix(seed, offset)
+// and then advance the offset (by the op's element count rounded up to 4, as CUDA's Philox offsets
+// advance). So (seed, offset) fully determines the next random op, npu randomness is independent of
+// the CPU generator, and setting an offset selects a different, reproducible stream.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/GeneratorImpl.h>
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "allocator/npu_allocator.h"
+#include "npu_tensor.h"
+
+namespace npudist {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+struct NpuGeneratorImpl final : public c10::GeneratorImpl {
+  explicit NpuGeneratorImpl(c10::DeviceIndex idx, uint64_t seed = c10::default_rng_seed_val)
+      : c10::GeneratorImpl(npu_device(idx), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        seed_(seed),
+        cpu_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom(true);
+    set_current_seed(s);
+    return s;
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK_VALUE(state.dtype() == at::kByte && state.numel() == 16 && state.device().is_cpu(),
+                      "npu RNG state must be a CPU uint8 tensor of 16 bytes (seed, offset), got ", state.numel(),
+                      " elements of ", state.dtype());
+    const auto* p = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed_, p, 8);
+    std::memcpy(&offset_, p + 8, 8);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    at::Tensor t = at::empty({16}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+    auto* p = t.data_ptr<uint8_t>();
+    std::memcpy(p, &seed_, 8);
+    std::memcpy(p + 8, &offset_, 8);
+    return t.getIntrusivePtr();
+  }
+
+  static c10::DeviceType device_type() { return kNpu; }
+
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+  at::Generator cpu_;  // sampling engine for the CPU kernels, re-seeded per op
+  std::mutex op_mutex_;
+
+ private:
+  NpuGeneratorImpl* clone_impl() const override {
+    auto* g = new NpuGeneratorImpl(device().index(), seed_);
+    g->offset_ = offset_;
+    return g;
+  }
+};
+
+std::array<at::Generator, runtime::kMaxDevices> g_default_gens;
+std::once_flag g_gen_once[runtime::kMaxDevices];
+
+NpuGeneratorImpl* as_npu(c10::GeneratorImpl* g) { return static_cast<NpuGeneratorImpl*>(g); }
+
+}  // namespace
+
+const at::Generator& default_npu_generator(int device) {
+  int idx = device < 0 ? runtime::current_device() : device;
+  runtime::check_device(idx);
+  std::call_once(g_gen_once[idx], [idx] {
+    g_default_gens[idx] = at::make_generator<NpuGeneratorImpl>(static_cast<c10::DeviceIndex>(idx));
+  });
+  return g_default_gens[idx];
+}
+
+at::Generator new_npu_generator(int device) {
+  int idx = device < 0 ? runtime::current_device() : device;
+  runtime::check_device(idx);
+  return at::make_generator<NpuGeneratorImpl>(static_cast<c10::DeviceIndex>(idx));
+}
+
+c10::GeneratorImpl* npu_generator_for(const std::optional<at::Generator>& gen, int device) {
+  if (!gen.has_value() || !gen->defined()) return default_npu_generator(device).unsafeGetGeneratorImpl();
+  TORCH_CHECK(gen->device().type() == kNpu, "Expected a 'npu' device type for generator but found '",
+              gen->device().type(), "'");
+  return gen->unsafeGetGeneratorImpl();
+}
+
+std::mutex& npu_generator_mutex(c10::GeneratorImpl* gen) { return as_npu(gen)->op_mutex_; }
+
+at::Generator begin_random_op(c10::GeneratorImpl* gen) {
+  auto* g = as_npu(gen);
+  std::lock_guard<std::mutex> state_lock(g->mutex_);
+  g->cpu_.get<at::CPUGeneratorImpl>()->set_current_seed(splitmix64(g->seed_ ^ splitmix64(g->offset_)));
+  return g->cpu_;
+}
+
+void end_random_op(c10::GeneratorImpl* gen, uint64_t numel) {
+  auto* g = as_npu(gen);
+  std::lock_guard<std::mutex> state_lock(g->mutex_);
+  g->offset_ += std::max<uint64_t>(4, (numel + 3) / 4 * 4);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Pinned host memory: plain host memory whose ranges are remembered so is_pinned() can answer.
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+std::mutex g_pinned_mu;
+std::map<uintptr_t, size_t> g_pinned;  // start -> size
+
+void free_pinned(void* p) {
+  {
+    std::lock_guard<std::mutex> lk(g_pinned_mu);
+    g_pinned.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, n ? n : 1) != 0) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "pinned host allocation of ", n, " bytes failed");
+    }
+    {
+      std::lock_guard<std::mutex> lk(g_pinned_mu);
+      g_pinned[reinterpret_cast<uintptr_t>(p)] = n ? n : 1;
+    }
+    return {p, p, &free_pinned, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* d, const void* s, size_t n) const override { std::memcpy(d, s, n); }
+};
+
+PinnedAllocator g_pinned_alloc;
+
+bool is_pinned_ptr(const void* ptr) {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lk(g_pinned_mu);
+  auto it = g_pinned.upper_bound(p);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return p < it->first + it->second;
+}
+
+struct NpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return runtime::device_count() > 0; }
+  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(runtime::device_count()); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { set_checked(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(runtime::current_device()); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    auto old = getCurrentDevice();
+    if (d >= 0) set_checked(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  bool hasPrimaryContext(c10::DeviceIndex d) const override { return d >= 0 && d < runtime::device_count(); }
+  void init() const override { runtime::mark_initialized(); }
+
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override { return default_npu_generator(d); }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override { return new_npu_generator(d); }
+
+  at::Device getDeviceFromPtr(void* /*data*/) const override {
+    TORCH_CHECK_VALUE(false,
+                      "npu cannot infer the device of a raw pointer (all npu memory is host memory); "
+                      "pass the device explicitly");
+  }
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_alloc; }
+
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_npu_storage(storage.unsafeGetStorageImpl(), newsize);
+  }
+
+ private:
+  static void set_checked(c10::DeviceIndex d) {
+    int n = runtime::device_count();
+    TORCH_CHECK_VALUE(d >= 0 && d < n, "Invalid npu device index ", static_cast<int>(d), ": this process sees ", n,
+                      " npu device(s)");
+    runtime::set_current_device(d);
+  }
+};
+
+}  // namespace
+
+void resize_npu_storage(c10::StorageImpl* s, size_t nbytes) {
+  TORCH_CHECK(s->resizable(), "Trying to resize storage that is not resizable");
+  if (nbytes == s->nbytes() && (nbytes == 0 || s->data_ptr().get())) return;
+  int dev = s->device().index();
+  DeviceScope ds(dev);
+  c10::DataPtr fresh = nbytes ? memory::allocator()->allocate(nbytes) : c10::DataPtr(nullptr, s->device());
+  size_t keep = std::min(nbytes, s->nbytes());
+  if (keep && s->data_ptr().get()) std::memcpy(fresh.get(), s->data_ptr().get(), keep);
+  s->set_data_ptr_noswap(std::move(fresh));
+  s->set_nbytes(nbytes);
+}
+
+void register_hooks() {
+  static NpuHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+}
+
+}  // namespace npudist

@@ -1,0 +1,163 @@
+// Explicit npu kernels: only where semantics need more than "run the CPU kernel on the same bytes" —
+// allocation (bytes must come from the npu allocator on the right device), metadata-only views,
+// resize/set_ (storage ownership), copies between devices, scalar reads and record_stream.
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <torch/library.h>
+
+#include "allocator/npu_allocator.h"
+#include "npu_tensor.h"
+
+namespace npudist {
+
+int resolve_device_index(std::optional<c10::Device> device) {
+  int idx = (device && device->has_index()) ? device->index() : runtime::current_device();
+  int n = runtime::device_count();
+  TORCH_CHECK_VALUE(idx >= 0 && idx < n, "Invalid npu device index ", idx, ": this process sees ", n,
+                    " npu device(s) (set by NPUDIST_DEVICE_COUNT and ASCEND_RT_VISIBLE_DEVICES)");
+  return idx;
+}
+
+namespace {
+
+const c10::DispatchKeySet kNpuKeys(c10::DispatchKey::PrivateUse1);
+
+void check_factory_args(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK_VALUE(layout.value_or(c10::kStrided) == c10::kStrided,
+                    "npu tensors support only the strided layout, got ", *layout);
+  TORCH_CHECK_VALUE(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned (pin_memory=True on npu)");
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  check_factory_args(layout, pin_memory);
+  DeviceScope ds(resolve_device_index(device));
+  return at::detail::empty_generic(size, memory::allocator(), kNpuKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  check_factory_args(layout, pin_memory);
+  DeviceScope ds(resolve_device_index(device));
+  return at::detail::empty_strided_generic(size, stride, memory::allocator(), kNpuKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+// Grow the storage (never shrink, like CPU/CUDA) so that the tensor's current geometry fits.
+void ensure_storage_fits(const at::Tensor& self) {
+  size_t need = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
+                                                 self.storage_offset());
+  c10::StorageImpl* s = self.storage().unsafeGetStorageImpl();
+  if (need > s->nbytes()) resize_npu_storage(s, need);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  for (int64_t d : size) TORCH_CHECK_VALUE(d >= 0, "resize_: negative dimension in size ", size);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() != size) impl->set_sizes_contiguous(size);
+  if (memory_format) {
+    TORCH_CHECK_VALUE(*memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format ", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  ensure_storage_fits(self);
+  return self;
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+at::Tensor as_cpu(const at::Tensor& t, const char* what) {
+  if (t.device().type() == kNpu) return cpu_alias(t);
+  TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
+  return t;
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  // Compute is host-synchronous, so non_blocking copies complete before returning.
+  at::Tensor src_cpu = as_cpu(self, "source");
+  at::Tensor dst_cpu = as_cpu(dst, "destination");
+  dst_cpu.copy_(src_cpu, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) {
+    if (dst.device().type() == kNpu) resize_(dst, self.sizes(), std::nullopt);
+    else dst.resize_(self.sizes());
+  }
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+                               c10::IntArrayRef size, c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == kNpu, "Attempted to set the storage of an npu tensor to a storage on ",
+              source.device(), ". This is no longer allowed; the devices must match.");
+  TORCH_CHECK_VALUE(storage_offset >= 0, "Tensor: invalid storage offset ", storage_offset);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (!self.storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  impl->set_storage_offset(storage_offset);
+  if (stride.empty()) impl->set_sizes_contiguous(size);
+  else impl->set_sizes_and_strides(size, stride);
+  ensure_storage_fits(self);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, {n}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.unsafeGetTensorImpl() == src.unsafeGetTensorImpl()) return self;
+  TORCH_CHECK(self.dtype() == src.dtype(), "Could not set tensor of type ", src.dtype(), " to a tensor of type ",
+              self.dtype());
+  return set_storage_offset(self, src.storage(), src.storage_offset(), src.sizes(), src.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  DeviceScope ds(self.device().index());
+  c10::Storage fresh(c10::Storage::use_byte_size_t(), 0, memory::allocator(), /*resizable=*/true);
+  return set_storage_offset(self, std::move(fresh), 0, {0}, {});
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK_VALUE(stream.device_type() == kNpu, "record_stream: expected an npu stream, got one on ",
+                    stream.device());
+  memory::record_stream(self.storage().data_ptr(), stream);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("record_stream", TORCH_FN(record_stream));
+}
+
+}  // namespace
+}  // namespace npudist

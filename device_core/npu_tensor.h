@@ -1,0 +1,78 @@
+// Helpers shared by the npu kernels, the zero-copy fallback and the hooks (ATen-level, device_core-internal).
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/core/GeneratorImpl.h>
+
+#include <mutex>
+
+#include "runtime_internal.h"
+
+namespace npudist {
+
+constexpr auto kNpu = c10::DeviceType::PrivateUse1;
+
+inline c10::Device npu_device(int index) { return c10::Device(kNpu, static_cast<c10::DeviceIndex>(index)); }
+
+// Makes `index` the calling thread's current npu device for a scope (what the allocator allocates on).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int index) : prev_(runtime::current_device()) {
+    if (index >= 0 && index != prev_) runtime::set_current_device(index);
+  }
+  ~DeviceScope() {
+    if (runtime::current_device() != prev_) runtime::set_current_device(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_;
+};
+
+// Index of an npu device argument, or the current device when the index is absent. Validated.
+int resolve_device_index(std::optional<c10::Device> device);
+
+// A CPU tensor over exactly the bytes of npu tensor `t` (same sizes, strides, offset, dtype, conj/neg
+// bits). Its storage keeps t's storage alive. When `storage_alias` is given, reuse it (several arguments
+// on one npu storage must share one CPU storage, or storage-identity checks in CPU kernels break).
+at::Tensor cpu_alias(const at::Tensor& t, const c10::Storage* storage_alias = nullptr);
+// The CPU storage that cpu_alias would build for `npu_storage`.
+c10::Storage cpu_storage_alias(c10::StorageImpl* npu_storage);
+
+// An npu tensor over `storage` (which must already be an npu storage) with the given geometry.
+at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& geometry_like);
+
+// Storage resize on npu: new bytes from the npu allocator, old content kept up to min(old, new).
+void resize_npu_storage(c10::StorageImpl* storage, size_t nbytes);
+
+// Adopting CPU-kernel outputs (fallback.cpp): while an AdoptScope is active on a thread, the CPU
+// allocator hands out npu-allocator memory (tagged CPU) so that outputs can be re-tagged as npu.
+class AdoptScope {
+ public:
+  explicit AdoptScope(int device);
+  ~AdoptScope();
+  AdoptScope(const AdoptScope&) = delete;
+  AdoptScope& operator=(const AdoptScope&) = delete;
+  // True if `ptr` was handed out by the npu allocator within this scope.
+  bool owns(const void* ptr) const;
+
+ private:
+  int prev_device_;
+  size_t prev_size_;
+};
+void install_cpu_allocator_wrapper();
+
+// Convert a storage produced by a CPU kernel into an npu storage on `device`: re-tag it if its bytes
+// came from the npu allocator within `scope`, otherwise copy into fresh npu memory.
+c10::Storage adopt_storage(const c10::Storage& cpu_storage, int device, const AdoptScope& scope);
+
+// RNG (generator.cpp): per-device npu generators; a random CPU kernel runs with a CPU generator seeded
+// from the npu generator's (seed, offset), after which the offset advances.
+c10::GeneratorImpl* npu_generator_for(const std::optional<at::Generator>& gen, int device);
+std::mutex& npu_generator_mutex(c10::GeneratorImpl* gen);
+at::Generator begin_random_op(c10::GeneratorImpl* gen);  // caller holds the generator mutex
+void end_random_op(c10::GeneratorImpl* gen, uint64_t numel);
+const at::Generator& default_npu_generator(int device);
+at::Generator new_npu_generator(int device);
+
+}  // namespace npudist

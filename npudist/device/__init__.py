@@ -1,0 +1,65 @@
+"""``torch.npu``: the emulated NPU device, mirroring ``torch.cuda``.
+
+Importing this package loads the C++ device core (``npudist._C``), renames PyTorch's PrivateUse1 backend
+to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
+and its public names are re-exported here.
+"""
+from npudist.device import _registration
+from npudist.device.core import (
+    current_device,
+    device,
+    device_count,
+    device_of,
+    get_device_capability,
+    get_device_name,
+    get_device_properties,
+    init,
+    is_available,
+    is_initialized,
+    set_device,
+    synchronize,
+)
+from npudist.device.streams import (
+    Event,
+    StreamContext,
+    Stream,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
+from npudist.device.random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from npudist.device.amp import (
+    get_amp_supported_dtype,
+    is_bf16_supported,
+)
+from npudist.device import amp, memory
+from npudist.device.memory import *  # noqa: F401,F403  (names listed in memory.__all__)
+
+
+def _is_in_bad_fork() -> bool:
+    """Always False: the emulated device keeps working in forked children (host memory, lazy workers)."""
+    return False
+
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
+    "default_stream", "device", "device_count", "device_of", "get_amp_supported_dtype",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all",
+    "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
+    "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
+    "set_stream", "stream", "synchronize",
+] + list(memory.__all__)
+
+_registration.register(__name__)

@@ -1,0 +1,146 @@
+"""torch.npu streams and events (mirror torch.cuda.Stream/Event on top of torch.Stream/torch.Event).
+
+Semantics (see docs/device.md): compute is host-synchronous; work that components enqueue on a stream
+(``npudist._C._runtime_api()``) runs asynchronously in order; an event completes when its stream has
+passed it; ``wait_event``/``wait_stream`` block the host until then, which orders all later work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from npudist import _C
+from npudist.device import core
+
+
+class Stream(torch.Stream):
+    """An npu stream. ``Stream(device=None, priority=0)``; priority < 0 selects the high-priority pool."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs and "device_index" in kwargs:
+            return super().__new__(cls, priority=priority, **kwargs)
+        idx = core._checked_index(device)
+        return super().__new__(cls, device=torch.device("npu", idx), priority=priority)
+
+    def wait_event(self, event: torch.Event) -> None:
+        """Order all later work after ``event`` (blocks the host until the event has completed)."""
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Order all later work after the work enqueued on ``stream`` so far."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: torch.Event | None = None) -> Event:
+        """Record ``event`` (a new one if None) on this stream and return it."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    @property
+    def npu_stream(self) -> int:
+        """The stream id (what the runtime C API takes)."""
+        return self.stream_id
+
+    @property
+    def priority(self) -> int:
+        return _C._stream_priority(self.stream_id)
+
+    def __eq__(self, o) -> bool:
+        return isinstance(o, torch.Stream) and super().__eq__(o)
+
+    def __hash__(self):
+        return hash((self.stream_id, self.device))
+
+    def __repr__(self) -> str:
+        return f"<torch.npu.Stream device={self.device} npu_stream={self.stream_id:#x}>"
+
+
+class Event(torch.Event):
+    """An npu event: ``Event(enable_timing=False, blocking=False, interprocess=False)``."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        if interprocess:
+            raise ValueError("interprocess npu events are not supported (events are host-side markers)")
+        return super().__new__(cls, device=torch.device("npu", core.current_device()),
+                               enable_timing=enable_timing, blocking=blocking)
+
+    def record(self, stream: torch.Stream | None = None) -> None:
+        """Record on ``stream`` (default: the current stream)."""
+        super().record(current_stream() if stream is None else stream)
+
+    def wait(self, stream: torch.Stream | None = None) -> None:
+        """Make ``stream`` (default: current) wait for this event."""
+        super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event to ``end_event`` (both recorded and completed)."""
+        if not isinstance(end_event, torch.Event):
+            raise ValueError(f"elapsed_time expects an event, got {type(end_event).__name__}")
+        return _C._event_elapsed_ms(self.event_id, end_event.event_id)
+
+    def __repr__(self) -> str:
+        return f"<torch.npu.Event {self.event_id:#x}>"
+
+
+def _wrap(device_index: int, stream_id: int) -> Stream:
+    return Stream(stream_id=stream_id, device_index=device_index, device_type=_NPU_TYPE)
+
+
+def current_stream(device: Any = None) -> Stream:
+    """The calling thread's current stream on ``device``."""
+    idx = core._checked_index(device)
+    return _wrap(idx, _C._current_stream(idx))
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The default stream (id 0) of ``device``."""
+    return _wrap(core._checked_index(device), 0)
+
+
+def set_stream(stream: torch.Stream | None) -> None:
+    """Make ``stream`` the current stream of its device (None is a no-op, as in torch.cuda)."""
+    if stream is None:
+        return
+    if stream.device_type != _NPU_TYPE:
+        raise ValueError(f"set_stream: expected an npu stream, got one on {stream.device}")
+    _C._set_stream(stream.device_index, stream.stream_id)
+
+
+class StreamContext:
+    """Context manager selecting a stream and its device (``with torch.npu.stream(s): ...``)."""
+
+    def __init__(self, stream: torch.Stream | None):
+        self.stream = stream
+        self._prev_device = -1
+        self._prev_streams: tuple | None = None
+
+    def __enter__(self):
+        s = self.stream
+        if s is None:
+            return self
+        self._prev_device = core.current_device()
+        prev_on_target = _C._current_stream(s.device_index)
+        self._prev_streams = (s.device_index, prev_on_target)
+        if s.device_index != self._prev_device:
+            core.set_device(s.device_index)
+        set_stream(s)
+        return self
+
+    def __exit__(self, *exc):
+        if self.stream is None or self._prev_streams is None:
+            return False
+        dev, sid = self._prev_streams
+        _C._set_stream(dev, sid)
+        if self._prev_device != dev:
+            core.set_device(self._prev_device)
+        return False
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """Wrap ``stream`` in a StreamContext."""
+    return StreamContext(stream)
+
+
+_NPU_TYPE = 20  # c10::DeviceType::PrivateUse1, what torch.Stream.device_type reports
