@@ -85,10 +85,6 @@ def build_entrypoint(args: argparse.Namespace) -> tuple[Callable | str, list[str
     return python, cmd + [args.training_script, *args.training_script_args]
 
 
-def _std(value: str | None, default: str) -> Std | dict[int, Std]:
-    return Std.from_str(default if value is None else value)
-
-
 def make_logs_specs(args: argparse.Namespace, reporter: Reporter) -> NpurunLogsSpecs:
     """torchrun's log files and tee, plus the global-rank filter and the start hook."""
     # Default: tee both streams of every rank (files + prefixed console). An explicit --tee/--redirects
@@ -115,6 +111,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.virtual_local_rank and args.device == "npu":
         raise LaunchError("--virtual-local-rank is not supported with --device npu: every worker sees all "
                           "visible npu devices and is bound to npu:LOCAL_RANK")
+    if not args.module and not args.no_python and not os.path.isfile(args.training_script):
+        raise LaunchError(f"training script not found: {args.training_script!r} (relative to {os.getcwd()}); "
+                          "use -m for a module")
     if args.run_path and not os.path.isabs(args.training_script):
         args.training_script = os.path.abspath(args.training_script)
 
@@ -153,7 +152,8 @@ def run(argv: list[str] | None = None) -> int:
     else:
         rdzv = f"{config.rdzv_backend} {config.rdzv_endpoint} id {config.run_id}"
     reporter.facts = JobFacts(device=args.device, visible=visible, node_id=node_id, rdzv=rdzv,
-                              max_restarts=config.max_restarts, worker_env=worker_env)
+                              max_restarts=config.max_restarts, worker_env=worker_env,
+                              binds=not args.no_python)
     import torch.multiprocessing
 
     torch.multiprocessing._set_thread_name("pt_elastic")

@@ -37,7 +37,8 @@ class JobFacts:
     node_id: str
     rdzv: str              # "backend endpoint (run id ...)"
     max_restarts: int
-    worker_env: dict[str, str]  # variables npurun set/passes that matter (HCCL_*, OMP)
+    worker_env: dict[str, str]
+    binds: bool = True     # False with --no-python: the program starts without the bootstrap  # variables npurun set/passes that matter (HCCL_*, OMP)
 
 
 def _attempt_errors(info: WorkerGroupInfo) -> str:
@@ -90,7 +91,8 @@ class Reporter:
                         f"attempt {prev.attempt + 1} ended: {_attempt_errors(prev)}")
         local = sorted(info.ranks)
         if f.device == "npu":
-            devices = f"devices npu:{format_ranges(local)} of {f.visible} visible"
+            devices = f"devices npu:{format_ranges(local)} of {f.visible} visible" + (
+                "" if f.binds else " (not bound: --no-python)")
         else:
             devices = "devices cpu (no npu binding)"
         attempt = f"attempt {info.attempt + 1}/{f.max_restarts + 1}"

@@ -79,8 +79,10 @@ def test_nproc_cpu_device_skips_device_check(monkeypatch):
     assert resolve_nproc("auto", "cpu")[0] >= 1
 
 
-def test_too_many_ranks_is_a_usage_error_before_launch(monkeypatch, capsys):
+def test_too_many_ranks_is_a_usage_error_before_launch(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(devices, "count_visible_npus", lambda: 2)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
 
     def no_launch(*a, **k):
         raise AssertionError("nothing may start when the request cannot work")
@@ -139,3 +141,11 @@ def test_error_excerpt_prefers_innermost_frame(tmp_path):
     se.write_text("a\n\nb\nc\nd\ne\n")
     assert read_error_excerpt(None, str(se)) == ["b", "c", "d", "e"]
     assert read_error_excerpt(str(tmp_path / "missing.json"), None) == []
+
+
+def test_missing_script_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        npurun_main.run(["--device", "cpu", "--nproc", "2", "no_such_train.py"])
+    assert exc.value.code == 2
+    assert "training script not found: 'no_such_train.py'" in capsys.readouterr().err
