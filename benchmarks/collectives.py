@@ -81,11 +81,11 @@ def _make_call(op, group, n, rank, count, device):
     if op == "all_gather_into_tensor":
         inp = torch.ones(count // n, device=device)
         out = torch.empty(count, device=device)
-        return lambda: dist.all_gather_into_tensor(out, inp, group=group)
+        return lambda: dist.all_gather_single(out, inp, group=group)  # = all_gather_into_tensor
     if op == "reduce_scatter_tensor":
         inp = torch.ones(count, device=device)
         out = torch.empty(count // n, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+        return lambda: dist.reduce_scatter_single(out, inp, group=group)  # = reduce_scatter_tensor
     if op == "all_to_all_single":
         inp = torch.ones(count, device=device)
         out = torch.empty(count, device=device)

@@ -116,7 +116,10 @@ void ShmCommunicator::reduce_pipelined(const void* in, void* out, size_t count, 
 void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || buf, "broadcast got a null buffer");
-  begin(make_desc(OpKind::kBroadcast, info, bytes, root));
+  OpDesc d = make_desc(OpKind::kBroadcast, info, bytes, root);
+  d.src_addr = reinterpret_cast<uint64_t>(buf);
+  begin(d);
+  if (use_direct(bytes)) return broadcast_direct(buf, bytes, root);
   size_t off = 0;
   do {
     const size_t len = std::min(pipe_bytes_, bytes - off);
@@ -130,7 +133,10 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo&
 
 void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) {
   require(bytes == 0 || (in && out), "all_gather got a null buffer");
-  begin(make_desc(OpKind::kAllGather, info, bytes, -1));
+  OpDesc d = make_desc(OpKind::kAllGather, info, bytes, -1);
+  d.src_addr = reinterpret_cast<uint64_t>(in);
+  begin(d);
+  if (use_direct(bytes * size_)) return all_gather_direct(in, out, bytes);
   size_t off = 0;
   do {
     const size_t len = std::min(pipe_bytes_, bytes - off);
@@ -184,7 +190,8 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
   }
   OpDesc d = make_desc(OpKind::kAllToAll, info, 0, -1);
   d.extra = mx;
-  begin(d, send_counts, recv_counts);
+  d.src_addr = reinterpret_cast<uint64_t>(in);
+  begin(d, send_counts, recv_counts, send_offsets);
   const size_t piece = std::max<size_t>(pipe_bytes_ / size_ / 64 * 64, 64);
   size_t steps = 0;  // known after the first sync, from every rank's largest split
   for (size_t k = 0; k == 0 || k < steps; ++k) {
@@ -199,6 +206,9 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
       size_t global_max = 0;
       for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, seg_->ctl(j)->desc[step_ & 1].extra);
       steps = std::max<size_t>(1, (global_max + piece - 1) / piece);
+      // Every rank sees the same global_max, so all take the same branch (the staged step is ignored).
+      if (use_direct(global_max * size_))
+        return all_to_all_direct(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
     }
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || recv_counts[j] <= base) continue;
@@ -212,7 +222,10 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
 void ShmCommunicator::gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || (in && (out || rank_ != root)), "gather got a null buffer");
-  begin(make_desc(OpKind::kGather, info, bytes, root));
+  OpDesc d = make_desc(OpKind::kGather, info, bytes, root);
+  d.src_addr = reinterpret_cast<uint64_t>(in);
+  begin(d);
+  if (use_direct(bytes * size_)) return gather_direct(in, out, bytes, root);
   size_t off = 0;
   do {
     const size_t len = std::min(pipe_bytes_, bytes - off);
@@ -230,7 +243,10 @@ void ShmCommunicator::gather(const void* in, void* out, size_t bytes, int root, 
 void ShmCommunicator::scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || (out && (in || rank_ != root)), "scatter got a null buffer");
-  begin(make_desc(OpKind::kScatter, info, bytes, root));
+  OpDesc d = make_desc(OpKind::kScatter, info, bytes, root);
+  d.src_addr = reinterpret_cast<uint64_t>(in);
+  begin(d);
+  if (use_direct(bytes * size_)) return scatter_direct(in, out, bytes, root);
   const size_t piece = std::max<size_t>(pipe_bytes_ / size_ / 64 * 64, 64);
   size_t off = 0;
   do {

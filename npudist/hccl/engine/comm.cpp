@@ -34,10 +34,12 @@ ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment>
   pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_CHUNK_KB", 256 * 1024));
   one_shot_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_ONESHOT_KB", 64 * 1024));
   stream_bytes_ = env_kib("NPUDIST_ENGINE_STREAM_KB", 4096 * 1024);
+  direct_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_KB", 256 * 1024);
   srcs_.resize(size_);
   ctx_.abort_flag = &seg_->header()->aborted;
   ctx_.peer_alive = [this](int peer) { return process_alive(seg_->ctl(peer)->proc); };
   ctx_.on_fail = [this](int why, int peer) { fail_wait(why, peer); };
+  probe_direct();
 }
 
 int ShmCommunicator::global_rank(int r) const {
@@ -77,7 +79,8 @@ void ShmCommunicator::check_usable() {
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
 }
 
-void ShmCommunicator::begin(const OpDesc& d, const size_t* a2a_send, const size_t* a2a_recv) {
+void ShmCommunicator::begin(const OpDesc& d, const size_t* a2a_send, const size_t* a2a_recv,
+                            const size_t* a2a_send_offsets) {
   check_usable();
   ctx_.deadline = Clock::now() + cfg_.timeout;
   cur_ = d;
@@ -88,6 +91,7 @@ void ShmCommunicator::begin(const OpDesc& d, const size_t* a2a_send, const size_
     for (int j = 0; j < size_; ++j) {
       me->a2a[parity][0][j] = a2a_send[j];
       me->a2a[parity][1][j] = a2a_recv[j];
+      me->a2a[parity][2][j] = a2a_send_offsets ? a2a_send_offsets[j] : 0;
     }
   }
   me->desc[parity] = cur_;

@@ -43,7 +43,8 @@ class ShmCommunicator final : public Communicator {
   // --- step machinery (comm.cpp) ---
   OpDesc make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const;
   // Starts a collective: fails fast if broken/aborted, publishes `d` for the next step.
-  void begin(const OpDesc& d, const size_t* a2a_send = nullptr, const size_t* a2a_recv = nullptr);
+  void begin(const OpDesc& d, const size_t* a2a_send = nullptr, const size_t* a2a_recv = nullptr,
+             const size_t* a2a_send_offsets = nullptr);
   // Posts the next step and waits until every rank posted it; the first sync of an op checks descriptors.
   void sync();
   char* write_half() const { return seg_->slot(rank_) + ((step_ + 1) & 1) * half_; }
@@ -56,6 +57,18 @@ class ShmCommunicator final : public Communicator {
   std::string rank_list(const std::vector<int>& local) const;
   std::string describe_peer_state(int r) const;
   WaitContext p2p_context(int peer, const std::string& what) const;
+
+  // --- direct mode (direct.cpp): peers read each other's buffers with process_vm_readv (one copy) ---
+  void probe_direct();
+  bool use_direct(size_t bytes) const { return direct_ok_ && bytes >= direct_bytes_; }
+  const OpDesc& peer_desc(int r) const { return seg_->ctl(r)->desc[cur_.step & 1]; }
+  void read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes);
+  void all_gather_direct(const void* in, void* out, size_t bytes);
+  void broadcast_direct(void* buf, size_t bytes, int root);
+  void gather_direct(const void* in, void* out, size_t bytes, int root);
+  void scatter_direct(const void* in, void* out, size_t bytes, int root);
+  void all_to_all_direct(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
+                         const size_t* recv_counts, const size_t* recv_offsets);
 
   // --- algorithms (collectives.cpp) ---
   void reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
@@ -70,6 +83,8 @@ class ShmCommunicator final : public Communicator {
   size_t pipe_bytes_;     // bytes moved per rank per pipelined step (<= half_)
   size_t one_shot_bytes_; // all_reduce/reduce up to this size use the one-shot algorithm
   size_t stream_bytes_;   // ops whose output is at least this large write it with streaming stores
+  size_t direct_bytes_;   // data-movement ops of at least this size use direct mode
+  bool direct_ok_ = false;  // every rank can read every peer's memory (agreed at connect)
 
   // Collective state: touched only by the thread issuing collectives.
   uint64_t step_ = 0;

@@ -33,6 +33,8 @@ struct OpDesc {
   uint8_t redop;
   uint8_t has_dtype;
   char name[40];   // the caller's op name (OpInfo::op), for messages
+  uint64_t src_addr;  // this rank's input/output buffer addresses (direct mode reads them with CMA)
+  uint64_t dst_addr;
 };
 
 struct alignas(64) RankCtl {
@@ -40,7 +42,10 @@ struct alignas(64) RankCtl {
   ProcessId proc;              // who attached as this rank (for liveness checks)
   std::atomic<uint32_t> attached;
   OpDesc desc[2];              // by parity of the op's first step
-  uint64_t a2a[2][2][kMaxRanks];  // [parity][0 = send, 1 = recv][peer] byte counts of all_to_all
+  // all_to_all by parity: [0] send counts, [1] recv counts, [2] send offsets, per peer (bytes)
+  uint64_t a2a[2][3][kMaxRanks];
+  uint64_t probe_token;           // connect-time check that peers can read this process's memory
+  std::atomic<uint32_t> probe_ok;
 };
 
 struct ChunkMeta {

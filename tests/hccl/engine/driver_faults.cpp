@@ -110,9 +110,13 @@ void run_kill(const Args& a) {
   }
   auto t0 = Clock::now();
   expect_error([&] {
-    for (uint64_t s = 2; s < 1000000; ++s)
+    // Alternate a reduction (staging slots) and an all_gather (direct reads when enabled).
+    std::vector<float> g(v.size() * a.size);
+    for (uint64_t s = 2; s < 1000000; s += 2) {
       c->all_reduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, OpInfo{"all_reduce", s});
-  }, ErrorKind::kPeerDied, {"rank " + std::to_string(victim), "exited"});
+      c->all_gather(v.data(), g.data(), v.size() * 4, OpInfo{"all_gather", s + 1});
+    }
+  }, ErrorKind::kPeerDied, {"rank " + std::to_string(victim)});
   double dt = seconds_since(t0);
   CHECK(dt < 3.0, "dead peer noticed only after " << dt << " s (timeout " << a.timeout_ms << " ms)");
 }
