@@ -181,6 +181,15 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
+    def _apply(self, fn, recurse=True):
+        # Module.to() keeps shared parameters shared only when the new tensor type is "shallow-copy
+        # compatible" with the old one; PyTorch counts CPU/CUDA/XPU/... but not PrivateUse1 devices such as
+        # npu, so cpu -> npu would silently give the output head its own copy. Re-tie after any move.
+        out = super()._apply(fn, recurse)
+        if self.args.tie_embeddings and self.output is not None and self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
+        return out
+
     def init_weights(self):
         nn.init.normal_(self.tok_embeddings.weight, std=1.0 if not self.args.tie_embeddings else 0.02)
         for block in self.layers.values():

@@ -5,9 +5,11 @@ environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); without it, it run
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -47,8 +49,19 @@ def _init_distributed(plan) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _quiet_known_warnings() -> None:
+    """Two upstream messages that are noise for this model, printed once per rank:
+    * FSDP2 warns that the root returns a view (the TP output's local tensor); the logits are never
+      modified in place, which is the only case the warning is about;
+    * DTensor warns that the gradient-norm reduction over the 2-D (dp_shard, tp) mesh takes two scalar
+      all-reduces instead of one -- negligible next to the step."""
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
 def run(plan, log_stream=None) -> RunResult:
     """Train per ``plan`` (validated for this world size). Raises ``NonFiniteLossError`` on a NaN/inf loss."""
+    _quiet_known_warnings()
     rank, world = _init_distributed(plan)
     try:
         return _train(plan, rank, world, log_stream)

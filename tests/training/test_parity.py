@@ -16,7 +16,7 @@ from _train_parity import make_plan, parallel_worker, reference_run
 from _train_spawn import run_ranks
 from npudist.data import default_corpus_path
 
-DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "cpu")
+DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "npu")   # npu -> hccl; cpu -> gloo
 
 LAYOUTS = {
     "fsdp2": (2, dict(dp_shard=2, ac="full")),

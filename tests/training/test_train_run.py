@@ -12,7 +12,7 @@ from _train_spawn import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
-DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "cpu")
+DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "npu")   # npu -> hccl; cpu -> gloo
 
 TINY = """
 model: {{dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_hidden_dim: 64, max_seq_len: 64}}
@@ -32,7 +32,7 @@ def _run(tmp_path, argv, nproc=1, timeout=150, **fmt):
     if nproc == 1:
         cmd = [sys.executable, TRAIN, "--config", str(plan), *argv]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        cmd = [sys.executable, "-m", "npudist.launch", "--nproc", str(nproc), "--device", DEVICE,
                "--master-port", str(free_port()), TRAIN, "--config", str(plan), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(tmp_path))
 
@@ -72,7 +72,8 @@ def test_invalid_plan_exits_2(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_two_rank_pipeline_run(tmp_path):
-    """The trainer's multi-rank path: loss reported from the last pipeline stage, shared corpus cache."""
+    """The trainer's multi-rank path under npurun: loss reported from the last pipeline stage, shared
+    corpus cache."""
     res = _run(tmp_path, ["--parallel.pp_degree", "2", "--parallel.dp_shard_degree", "1",
                           "--parallel.pp.schedule", "1F1B", "--parallel.pp.microbatches", "2"],
                nproc=2, steps=6, lr=3e-3, micro=4)

@@ -63,6 +63,17 @@ def test_model_gqa_causal_and_tied():
         LlamaArgs(dim=32, n_heads=4, n_kv_heads=3)
 
 
+def test_tied_embeddings_stay_tied_across_device_moves():
+    import os
+    device = os.environ.get("NPUDIST_TEST_DEVICE", "npu")
+    if device == "npu":
+        import npudist  # noqa: F401  (registers the npu device)
+    m = _tiny(tie_embeddings=True).to(device)
+    assert m.output.weight is m.tok_embeddings.weight and m.output.weight.device.type == device
+    m.to("cpu")
+    assert m.output.weight is m.tok_embeddings.weight
+
+
 def test_pipeline_split_keeps_names_and_covers_model():
     m = _tiny()
     full = dict(m.named_parameters())
