@@ -141,6 +141,18 @@ void CachingAllocator::set_config(const AllocatorConfig& cfg) {
   for (auto& d : devices_) d->set_config(cfg);
 }
 
+void CachingAllocator::lock_all() {
+  cfg_mu_.lock();
+  for (auto& d : devices_) d->mutex().lock();
+  map_mu_.lock();
+}
+
+void CachingAllocator::unlock_all() {
+  map_mu_.unlock();
+  for (auto it = devices_.rbegin(); it != devices_.rend(); ++it) (*it)->mutex().unlock();
+  cfg_mu_.unlock();
+}
+
 AllocatorConfig CachingAllocator::config() {
   std::lock_guard<std::mutex> lock(cfg_mu_);
   return cfg_;

@@ -100,7 +100,8 @@ struct SegmentInfo {
 struct HistoryOptions {
   bool record_state = false;    // keep contexts on live blocks
   bool record_trace = false;    // keep the alloc/free event ring buffer
-  bool context_on_free = false;  // contexts on free_requested entries too
+  bool context_on_trace = false;  // contexts on trace entries (alloc, segment events)
+  bool context_on_free = false;   // contexts on free_requested entries too
   size_t max_entries = SIZE_MAX;
   std::vector<Action> skip;
 };
@@ -147,6 +148,10 @@ class CachingAllocator {
   void set_config(const AllocatorConfig& cfg);
   AllocatorConfig config();
   bool caching_enabled() const { return caching_; }
+
+  // Fork safety: hold every allocator lock across fork() so the child never inherits one mid-update.
+  void lock_all();
+  void unlock_all();
 
  private:
   DeviceAllocator& dev(int device);

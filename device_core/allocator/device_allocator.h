@@ -93,6 +93,7 @@ class DeviceAllocator {
   std::vector<TraceEntry> trace();
   void record_history(const HistoryOptions& opts, bool clear);
   void attach_oom_observer(OomObserver obs);
+  std::mutex& mutex() { return mu_; }
 
  private:
   // All private helpers run with mu_ held.

@@ -143,7 +143,7 @@ void DeviceAllocator::record_trace(Action a, uintptr_t addr, size_t size, int64_
   if (!history_.record_trace || skip_[static_cast<size_t>(a)] || history_.max_entries == 0) return;
   int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
-  TraceEntry e{a, addr, size, stream, ctx, now, device_free};
+  TraceEntry e{a, addr, size, stream, history_.context_on_trace ? ctx : Context(), now, device_free};
   if (trace_.size() < history_.max_entries) {
     trace_.push_back(std::move(e));
   } else {

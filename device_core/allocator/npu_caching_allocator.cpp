@@ -7,6 +7,8 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +65,9 @@ CachingAllocator* core() {
   bool caching = !(nocache && std::strcmp(nocache, "0") != 0 && *nocache);
   c = new CachingAllocator(std::make_shared<RuntimeHooks>(), std::move(cfg), caching);
   g_core.store(c, std::memory_order_release);
+  // The emulated device keeps working in forked children (e.g. DataLoader workers).
+  pthread_atfork([] { g_core.load()->lock_all(); }, [] { g_core.load()->unlock_all(); },
+                 [] { g_core.load()->unlock_all(); });
   return c;
 }
 
@@ -126,7 +131,7 @@ void* raw_alloc(size_t n, int dev, int64_t stream) {
     return p;
   }
   alloc::Context ctx = gather_context(1);  // before the allocator lock: may take the GIL
-  g_used.store(true, std::memory_order_relaxed);
+  if (!g_used.load(std::memory_order_relaxed)) g_used.store(true, std::memory_order_relaxed);
   try {
     return core()->malloc(dev, n, stream, ctx);
   } catch (const alloc::OutOfMemoryError& e) {
@@ -406,6 +411,7 @@ void record_memory_history(const std::optional<std::string>& enabled, const std:
     h.record_trace = *enabled == "all";
     if (context) level = *context == "state" ? 1 : *context == "alloc" ? 2 : 3;
   }
+  h.context_on_trace = level >= 2;
   h.context_on_free = level == 3;
   h.max_entries = max_entries;
   for (const auto& a : skip_actions) {

@@ -483,7 +483,7 @@ void test_history() {
   auto tag = std::make_shared<std::string>("ctx-a");
   void* pre = e.a->malloc(0, 100, 0);
   HistoryOptions h;
-  h.record_state = h.record_trace = true;
+  h.record_state = h.record_trace = h.context_on_trace = true;
   h.max_entries = 100;
   e.a->record_history(h, false);
   void* a = e.a->malloc(0, 3 * MiB, 0, tag);
@@ -504,6 +504,17 @@ void test_history() {
       if (bl.address == U(b)) found = bl.context == tag && bl.requested_size == 200;
   CHECK(found);
   CHECK_EQ(std::string(action_name(e.a->traces()[0].back().action)), "snapshot");
+  // Without context_on_trace stacks stay on live blocks only (context="state").
+  h.context_on_trace = false;
+  e.a->record_history(h, true);
+  void* s1 = e.a->malloc(0, 300, 0, tag);
+  CHECK(!e.a->traces()[0][0].context);
+  found = false;
+  for (auto& seg : e.a->snapshot())
+    for (auto& bl : seg.blocks)
+      if (bl.address == U(s1)) found = bl.context == tag;
+  CHECK(found);
+  e.a->free(s1);
   // Ring buffer: only the newest max_entries survive, oldest first.
   h.max_entries = 3;
   e.a->record_history(h, true);
@@ -592,6 +603,16 @@ void test_random_stress() {
   }
 }
 
+void test_fork_locks() {
+  // lock_all/unlock_all take and release every lock (a deadlock or double unlock would hang/abort).
+  Env e;
+  void* a = e.a->malloc(0, 100, 0);
+  e.a->lock_all();
+  e.a->unlock_all();
+  e.a->free(a);
+  CHECK_EQ(cur(e.st().allocated_bytes), 0);
+}
+
 void test_threads() {
   // Concurrent allocate/free on shared devices (the adapter frees from any thread, e.g. stream workers).
   for (const char* conf : {"", "expandable_segments:True"}) {
@@ -650,6 +671,7 @@ int main(int argc, char** argv) {
       {"stats_reset", test_stats_reset},
       {"random_stress", test_random_stress},
       {"threads", test_threads},
+      {"fork_locks", test_fork_locks},
   };
   if (argc > 1 && std::string(argv[1]) == "--list") {
     for (auto& t : tests) std::cout << t.first << "\n";

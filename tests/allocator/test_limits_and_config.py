@@ -148,3 +148,27 @@ def test_expandable_segments_grow_in_place_through_tensors():
     assert "EXP True 8" in exp and "EXP False 8" in fixed
     assert e_segs == 1 and f_segs >= 6
     assert e_peak <= 8 + 88 + 2 and f_peak > 2 * e_peak
+
+
+def test_allocator_usable_in_forked_child():
+    out = check_snippet("""
+        import os, threading, torch, npudist
+        x = torch.ones(1000, device="npu")
+        stop = False
+        def churn():                      # another thread allocating while we fork
+            while not stop:
+                torch.empty(4096, device="npu")
+        t = threading.Thread(target=churn)
+        t.start()
+        codes = []
+        for _ in range(5):
+            pid = os.fork()
+            if pid == 0:
+                y = torch.ones(1000, device="npu") + x
+                os._exit(0 if float(y.sum()) == 2000.0 else 3)
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        stop = True
+        t.join()
+        print("CHILDREN", codes)
+    """, timeout=120)
+    assert "CHILDREN [0, 0, 0, 0, 0]" in out

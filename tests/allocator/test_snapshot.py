@@ -104,6 +104,13 @@ def test_history_options():
         trace = torch.npu.memory._snapshot()["device_traces"][0]
         assert [e["action"] for e in trace] == ["alloc", "free_completed"]
         assert trace[0]["frames"] and trace[1]["frames"] == []
+        torch.npu.memory._record_memory_history("all", context="state", stacks="python", clear_history=True)
+        live = make_activation()
+        snap = torch.npu.memory._snapshot()
+        block = next(b for s in snap["segments"] for b in s["blocks"] if b["address"] == live.data_ptr())
+        assert any(f["name"] == "make_activation" for f in block["frames"])  # stacks on live blocks only
+        assert all(e["frames"] == [] for e in snap["device_traces"][0])
+        del live
         with pytest.raises(ValueError, match="unknown action 'allocate'"):
             torch.npu.memory._record_memory_history("all", skip_actions=["allocate"])
         with pytest.raises(ValueError, match="enabled must be None, 'state' or 'all'"):
