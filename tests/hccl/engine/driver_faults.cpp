@@ -182,6 +182,26 @@ void run_p2p(const Args& a, Communicator& c) {
     c.recv(&got, 4, peer, 60);
     CHECK(got == 7 + peer, "p2p after a tag mismatch got " << got);
   }
+  // Collectives on one thread while p2p runs on others (the adapter's lanes do this).
+  std::thread coll([&] {
+    std::vector<int64_t> v(3000);
+    for (int it = 0; it < 40; ++it) {
+      for (size_t k = 0; k < v.size(); ++k) v[k] = r + it + static_cast<int64_t>(k);
+      c.all_reduce(v.data(), v.data(), v.size(), DataType::kInt64, ReduceOp::kSum, OpInfo{"all_reduce", 1000u + it});
+      for (size_t k = 0; k < v.size(); ++k) {
+        int64_t want = static_cast<int64_t>(n) * (it + static_cast<int64_t>(k)) + static_cast<int64_t>(n) * (n - 1) / 2;
+        CHECK(v[k] == want, "all_reduce concurrent with p2p: got " << v[k] << " want " << want);
+      }
+    }
+  });
+  for (int it = 0; it < 40; ++it) {
+    std::vector<uint8_t> out(70000, static_cast<uint8_t>(r + it)), in(70000);
+    std::thread t([&] { c.send(out.data(), out.size(), next, 7); });
+    c.recv(in.data(), in.size(), prev, 7);
+    t.join();
+    CHECK(in[0] == static_cast<uint8_t>(prev + it) && in.back() == static_cast<uint8_t>(prev + it), "p2p concurrent with collectives");
+  }
+  coll.join();
   bool threw = false;
   try { c.send("x", 1, r, 0); } catch (const EngineError& e) { threw = e.kind == ErrorKind::kInvalidArgument; }
   CHECK(threw, "send to self did not raise kInvalidArgument");
