@@ -6,6 +6,7 @@ shared-memory segment of the engine is left in /dev/shm.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
                 os.killpg(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait(timeout=30)
+    shutil.rmtree(tmpdir, ignore_errors=True)
     results = []
     for rank, (p, out) in enumerate(zip(procs, outs)):
         out.seek(0)

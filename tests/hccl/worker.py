@@ -28,6 +28,10 @@ def scenario(fn):
 def init(backend="hccl", timeout=60.0, **kw):
     dist.init_process_group(backend, init_method="file://" + os.environ["HCCL_TEST_STORE"], rank=RANK,
                             world_size=WS, timeout=timedelta(seconds=timeout), **kw)
+    expect = os.environ.get("HCCL_TEST_EXPECT_NODES")
+    if expect and backend == "hccl":
+        be = dist.group.WORLD._get_backend(torch.device("cpu"))
+        assert be.num_nodes == int(expect) and be.uses_gloo, (be.num_nodes, be.uses_gloo)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -322,9 +326,334 @@ def p2p_and_misc():
     res = fut.wait()
     assert w.is_completed() and y.shape == (64, 64)
     close(res[0], torch.full((1 << 16,), float(WS)), "future value")
+    # Overlap, deterministically: rank 1 joins only after rank 0 has finished host work issued after
+    # its async op, so that op must have returned before completing and run in the background.
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.ones(1000, device=device)
+    if RANK == 0:
+        w = dist.all_reduce(t, async_op=True)
+        assert not w.is_completed(), "async all_reduce completed before its peers joined"
+        y = (torch.randn(128, 128) @ torch.randn(128, 128)).sum()
+        store.set("overlap_go", "1")
+        w.wait()
+    else:
+        if RANK == 1:
+            store.wait(["overlap_go"])
+        dist.all_reduce(t)
+    close(t, torch.full((1000,), float(WS)), "overlapped all_reduce")
     chained = dist.all_reduce(torch.ones(3, device=device), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     close(chained.wait(), torch.full((3,), 2.0 * WS), "future then")
     dist.barrier()
+    dist.destroy_process_group()
+
+
+@scenario
+def groups():
+    """new_group subgroups, several groups in flight, split_group, DeviceMesh sub-meshes, options."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import npudist.hccl as hccl
+
+    opts = hccl.ProcessGroupHCCL.Options()
+    opts.hccl_config = {"hccl_buffer_size": 2}
+    init(pg_options=opts, device_id=torch.device("npu", 0))
+    world = dist.group.WORLD
+    be = world._get_backend(torch.device("npu"))
+    assert isinstance(be, hccl.ProcessGroupHCCL), type(be)
+    assert be.buffer_bytes == 2 << 20, be.buffer_bytes
+    assert be.num_nodes == 1 and not be.uses_gloo
+    assert dist.get_backend() == "hccl"
+    assert dist.Backend.default_device_backend_map["npu"] == "hccl"
+    # Subgroups: evens and odds, each checked with the full all_reduce matrix on small sizes.
+    evens, odds = list(range(0, WS, 2)), list(range(1, WS, 2))
+    g_even = dist.new_group(evens, timeout=timedelta(seconds=30))
+    g_odd = dist.new_group(odds)
+    mine, ranks = (g_even, evens) if RANK % 2 == 0 else (g_odd, odds)
+    if len(ranks) > 1:
+        check_all_reduce_matrix("cpu", [1, 5], group=mine, ranks=ranks)
+        check_other_collectives("npu", 3, group=mine, ranks=ranks)
+    # Several groups in flight: async ops on the world and the subgroup interleaved, waited late.
+    works, want = [], []
+    for i in range(6):
+        t = torch.full((1000,), float(RANK + i), device="npu")
+        works.append((dist.all_reduce(t, group=world, async_op=True), t,
+                      float(sum(r + i for r in range(WS)))))
+        u = torch.full((10,), float(RANK * i))
+        works.append((dist.all_reduce(u, group=mine, async_op=True), u, float(sum(r * i for r in ranks))))
+    for w, t, v in works:
+        w.wait()
+        close(t, torch.full(t.shape, v), "groups in flight")
+    # split_group
+    sub = dist.split_group(split_ranks=[evens, odds])
+    t = torch.ones(4, device="npu")
+    dist.all_reduce(t, group=sub)
+    close(t, torch.full((4,), float(len(ranks))), "split_group")
+    sb = sub._get_backend(torch.device("npu"))
+    assert isinstance(sb, hccl.ProcessGroupHCCL) and sb.buffer_bytes == 2 << 20
+    # DeviceMesh sub-meshes (2 x WS/2): reduce along each dim
+    if WS % 2 == 0 and WS >= 4:
+        mesh = init_device_mesh("npu", (2, WS // 2), mesh_dim_names=("dp", "tp"))
+        for dim in ("dp", "tp"):
+            g = mesh.get_group(dim)
+            members = dist.get_process_group_ranks(g)
+            t = torch.full((3,), float(RANK), device="npu")
+            dist.all_reduce(t, group=g)
+            close(t, torch.full((3,), float(sum(members))), f"mesh {dim}")
+    dist.destroy_process_group()
+
+
+@scenario
+def mixed_backends():
+    """init_process_group("cpu:gloo,npu:hccl"): cpu tensors go to Gloo, npu tensors to hccl."""
+    import npudist.hccl as hccl
+
+    init("cpu:gloo,npu:hccl")
+    world = dist.group.WORLD
+    assert isinstance(world._get_backend(torch.device("npu")), hccl.ProcessGroupHCCL)
+    assert not isinstance(world._get_backend(torch.device("cpu")), hccl.ProcessGroupHCCL)
+    a, b = torch.full((5,), float(RANK)), torch.full((5,), float(RANK), device="npu")
+    dist.all_reduce(a)
+    dist.all_reduce(b)
+    want = torch.full((5,), float(sum(range(WS))))
+    close(a, want, "gloo cpu")
+    close(b, want, "hccl npu")
+    dist.destroy_process_group()
+
+
+@scenario
+def exec_timeout_env():
+    """HCCL_EXEC_TIMEOUT sets the op timeout when init_process_group was given none."""
+    dist.init_process_group("hccl", init_method="file://" + os.environ["HCCL_TEST_STORE"], rank=RANK,
+                            world_size=WS)
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert be.timeout == timedelta(seconds=int(os.environ["HCCL_EXEC_TIMEOUT"])), be.timeout
+    g = dist.new_group(timeout=timedelta(seconds=17))
+    assert g._get_backend(torch.device("cpu")).timeout == timedelta(seconds=17)
+    dist.destroy_process_group()
+
+
+@scenario
+def ddp():
+    """DDP on npu with hccl (plus a communication hook through get_future) matches one process."""
+    import copy
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    ddp_model = DDP(copy.deepcopy(model).npu())
+    if len(sys.argv) > 2 and sys.argv[2] == "hook":
+        ddp_model.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
+    opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(42)
+    for _ in range(4):
+        x, y = torch.randn(4 * WS, 8, generator=g), torch.randn(4 * WS, 4, generator=g)
+        shard = slice(RANK * 4, (RANK + 1) * 4)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp_model(x[shard].npu()), y[shard].npu()).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    for (name, p), q in zip(ddp_model.module.named_parameters(), ref.parameters()):
+        assert p.device.type == "npu"
+        diff = (p.detach().cpu() - q.detach()).abs().max().item()
+        assert diff < 1e-5, f"{name}: DDP differs from single-process training by {diff}"
+    dist.destroy_process_group()
+
+
+def expect_error(fn, types, *needles):
+    import time as _t
+
+    t0 = _t.monotonic()
+    try:
+        fn()
+    except types as e:
+        msg = str(e)
+        for n in needles:
+            assert n in msg, f"error text lacks {n!r}: {msg}"
+        print(f"rank {RANK}: expected {type(e).__name__} after {_t.monotonic() - t0:.1f}s: {msg[:400]}",
+              flush=True)
+        return msg, _t.monotonic() - t0
+    raise AssertionError(f"no {types} raised")
+
+
+@scenario
+def skip_collective():
+    """A rank that skips a collective: the others get DistBackendError naming it within timeout + margin."""
+    import time
+
+    timeout = 4.0
+    init(timeout=timeout)
+    t = torch.ones(16)
+    dist.all_reduce(t)  # seq 1 on every rank
+    if RANK == WS - 1:
+        time.sleep(timeout + 4)  # skip seq 2 and stay alive until the others gave up
+    else:
+        msg, took = expect_error(lambda: dist.all_reduce(t), dist.DistBackendError, "all_reduce",
+                                 "seq 2", str(WS - 1))
+        assert took < timeout + 5, f"took {took:.1f}s for a {timeout}s timeout"
+    dist.destroy_process_group()
+
+
+@scenario
+def kill_rank():
+    """A rank SIGKILLed mid-collective: the others fail fast, long before the 60 s timeout."""
+    import signal
+    import threading
+    import time
+
+    init(timeout=60)
+    t = torch.ones(1 << 20)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if RANK == 1:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        while True:
+            dist.all_reduce(t)
+    t0 = time.monotonic()
+
+    def loop():
+        while True:
+            dist.all_reduce(t)
+
+    expect_error(loop, dist.DistBackendError, "all_reduce")
+    assert time.monotonic() - t0 < 20, "peer death was not detected fast"
+    dist.destroy_process_group()
+
+
+@scenario
+def teardown():
+    """Default TORCH_HCCL_ASYNC_ERROR_HANDLING: a failed collective tears the process down."""
+    import time
+
+    init(timeout=3)
+    if RANK == 0:
+        try:
+            dist.all_reduce(torch.ones(4))
+        except dist.DistBackendError:
+            time.sleep(30)  # the watchdog must end the process before this returns
+        raise AssertionError("the process survived a failed collective")
+    time.sleep(10)
+
+
+@scenario
+def blocking_wait():
+    """TORCH_HCCL_BLOCKING_WAIT=1: errors reach wait() and the process keeps running."""
+    import time
+
+    init(timeout=3)
+    if RANK == 0:
+        w = dist.all_reduce(torch.ones(4), async_op=True)
+        expect_error(w.wait, dist.DistBackendError, "all_reduce", "seq 1")
+        time.sleep(1.0)  # give a (wrong) teardown time to happen
+    else:
+        time.sleep(6)
+    dist.destroy_process_group()
+
+
+@scenario
+def abort_shutdown():
+    """abort() fails pending and later ops at once; shutdown makes later ops raise."""
+    import time
+
+    init(timeout=30)
+    dist.all_reduce(torch.ones(2))
+    if RANK == 0:
+        w = dist.all_reduce(torch.ones(4), async_op=True)  # rank 1 never joins this one
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        dist.group.WORLD.abort()
+        expect_error(w.wait, dist.DistBackendError, "abort")
+        assert time.monotonic() - t0 < 5
+        expect_error(lambda: dist.all_reduce(torch.ones(4)), (dist.DistBackendError, RuntimeError), "abort")
+    else:
+        time.sleep(2)
+    # A fresh group works after the abort; shutdown then rejects further use of it.
+    g = dist.new_group(timeout=timedelta(seconds=20))
+    t = torch.ones(3)
+    dist.all_reduce(t, group=g)
+    close(t, torch.full((3,), float(WS)), "group after abort")
+    be = g._get_backend(torch.device("cpu"))
+    be.shutdown()
+    expect_error(lambda: be.allreduce([torch.ones(1)]), RuntimeError, "shut down")
+    dist.destroy_process_group()
+
+
+@scenario
+def mismatch():
+    """Mismatched op / size / dtype: the error names the disagreeing ranks and how they differ."""
+    init(timeout=20)
+    for what in ("op", "size", "dtype"):
+        g = dist.new_group(timeout=timedelta(seconds=10))
+        with_group = {"op": lambda: (dist.all_reduce(torch.ones(8), group=g) if RANK == 0
+                                     else dist.broadcast(torch.ones(8), 0, group=g)),
+                      "size": lambda: dist.all_reduce(torch.ones(8 if RANK == 0 else 9), group=g),
+                      "dtype": lambda: dist.all_reduce(
+                          torch.ones(8, dtype=torch.float32 if RANK == 0 else torch.float64), group=g)}[what]
+        msg, took = expect_error(with_group, dist.DistBackendError, "0", "1")
+        assert took < 5, f"{what} mismatch took {took:.1f}s"
+        dist.destroy_process_group(g)
+    dist.destroy_process_group()
+
+
+@scenario
+def staged_hang():
+    """Flight recorder: rank WS-1 skips the 4th collective; every rank dumps, for the analyzer."""
+    import time
+
+    init(timeout=3)
+    t = torch.ones(8)
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    if RANK == WS - 1:
+        time.sleep(7)  # skips; its watchdog dumps when the others signal the timeout
+    else:
+        expect_error(lambda: dist.all_reduce(t), dist.DistBackendError, "all_reduce")
+        time.sleep(2.5)  # let the watchdog write the dump
+    path = os.environ["TORCH_HCCL_DEBUG_INFO_TEMP_FILE"] + str(RANK)
+    assert os.path.exists(path), f"no flight-recorder dump at {path}"
+    dist.destroy_process_group()
+
+
+@scenario
+def bad_input():
+    """Bad input raises a clear ValueError/RuntimeError on the calling rank; the group stays usable."""
+    init(timeout=30)
+
+    def healthy():
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        close(t, torch.full((2,), float(WS)), "all_reduce after bad input")
+
+    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(2 * WS, device="npu"), torch.ones(2)),
+                 ValueError, "one device", "npu")
+    healthy()
+    expect_error(lambda: dist.all_reduce(torch.ones(2), op=R.BAND), ValueError, "BAND", "integer")
+    healthy()
+    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)), ValueError, "elements")
+    healthy()
+    expect_error(lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * WS + 1)), ValueError,
+                 "world_size")
+    healthy()
+    expect_error(lambda: dist.send(torch.ones(2), dst=WS + 3), (ValueError, RuntimeError), str(WS + 3))
+    healthy()
+    world_be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    expect_error(lambda: world_be.send([torch.ones(2)], RANK, 0), ValueError, "itself")
+    healthy()
+    expect_error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.float8_e4m3fn)), ValueError, "dtype")
+    healthy()
+    g = dist.new_group()
+    be = g._get_backend(torch.device("cpu"))
+    dist.destroy_process_group(g)
+    expect_error(lambda: be.allreduce([torch.ones(2)]), RuntimeError, "destroyed")
+    expect_error(lambda: dist.all_reduce(torch.ones(2), group=g), (ValueError, RuntimeError))
+    healthy()
     dist.destroy_process_group()
 
 

@@ -95,7 +95,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("timeout", &ProcessGroupHCCL::timeout)
       .def_property_readonly("buffer_bytes", &ProcessGroupHCCL::buffer_bytes)
       .def_property_readonly("uses_gloo", [](ProcessGroupHCCL& p) { return p.topology().num_nodes() > 1; })
-      .def("_trace_json", [](ProcessGroupHCCL& p) { return p.recorder()->to_json(); });
+      .def("_trace_json", [](ProcessGroupHCCL& p) { return p.recorder()->to_json(); })
+      // torch calls this on ranks outside a new_group when the default group has a bound device
+      // (NCCL must then join ncclCommSplit). hccl communicators involve only the members: no-op.
+      .def("perform_nocolor_split", [](ProcessGroupHCCL&, const c10::Device&) {})
+      .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
 
   m.def("_set_runtime_api", [](uintptr_t addr) { set_runtime_api(addr); });
   m.def(

@@ -62,6 +62,11 @@ void ProcessGroupHCCL::check_tensor(const at::Tensor& t, const char* op, const c
   to_engine_dtype(t.scalar_type(), op);
 }
 
+static void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  TORCH_CHECK_VALUE(a.device() == b.device(), "hccl ", op, ": all tensors of one call must be on one device, got ",
+                    a.device(), " and ", b.device(), "; move them with .to(device)");
+}
+
 void ProcessGroupHCCL::check_rank(int r, const char* op, const char* what) {
   TORCH_CHECK_VALUE(r >= 0 && r < size_, "hccl ", op, ": ", what, " ", r,
                     " is not a rank of this group (valid: 0..", size_ - 1, ")");
@@ -242,6 +247,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_allgather_base(at::Tensor& out
                                                                  const c10d::AllgatherOptions& opts) {
   check_tensor(input, "all_gather_into_tensor", "input");
   check_tensor(output, "all_gather_into_tensor", "output");
+  check_same_device(output, input, "all_gather_into_tensor");
   TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
                     "hccl all_gather_into_tensor: output dtype ", output.scalar_type(),
                     " != input dtype ", input.scalar_type());
@@ -272,6 +278,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(
                     outs.size(), " tensors; it needs one per rank (", size_, ")");
   for (const auto& o : outs) {
     check_tensor(o, "all_gather", "output");
+    check_same_device(o, in, "all_gather");
     TORCH_CHECK_VALUE(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
                       "hccl all_gather: every output tensor must match the input (", in.numel(),
                       " elements of ", in.scalar_type(), "), got ", o.numel(), " of ",
@@ -325,6 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_into_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], "allgather_into_tensor_coalesced", "input");
     check_tensor(outputs[i], "allgather_into_tensor_coalesced", "output");
+    check_same_device(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
     TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_ &&
                           outputs[i].scalar_type() == inputs[i].scalar_type(),
                       "hccl allgather_into_tensor_coalesced: output ", i,
@@ -347,6 +355,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   check_tensor(input, "reduce_scatter_tensor", "input");
   check_tensor(output, "reduce_scatter_tensor", "output");
+  check_same_device(output, input, "reduce_scatter_tensor");
   TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "hccl reduce_scatter_tensor: output dtype ",
                     output.scalar_type(), " != input dtype ", input.scalar_type());
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "hccl reduce_scatter_tensor: input has ",
@@ -379,6 +388,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(
                     ins.size(), " tensors; it needs one per rank (", size_, ")");
   for (const auto& t : ins) {
     check_tensor(t, "reduce_scatter", "input");
+    check_same_device(t, out, "reduce_scatter");
     TORCH_CHECK_VALUE(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
                       "hccl reduce_scatter: every input tensor must match the output (", out.numel(),
                       " elements of ", out.scalar_type(), "), got ", t.numel(), " of ", t.scalar_type());
@@ -404,6 +414,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], "reduce_scatter_tensor_coalesced", "input");
     check_tensor(outputs[i], "reduce_scatter_tensor_coalesced", "output");
+    check_same_device(outputs[i], inputs[i], "reduce_scatter_tensor_coalesced");
     TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_ &&
                           outputs[i].scalar_type() == inputs[i].scalar_type(),
                       "hccl reduce_scatter_tensor_coalesced: input ", i,
@@ -431,6 +442,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall_base(at::Tensor& outpu
                                                                const c10d::AllToAllOptions& opts) {
   check_tensor(input, "all_to_all_single", "input");
   check_tensor(output, "all_to_all_single", "output");
+  check_same_device(output, input, "all_to_all_single");
   TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "hccl all_to_all_single: output dtype ",
                     output.scalar_type(), " != input dtype ", input.scalar_type());
   auto rows_to_elems = [&](const at::Tensor& t, std::vector<int64_t> splits, const char* what) {
@@ -477,6 +489,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor
   for (int i = 0; i < size_; ++i) {
     check_tensor(inputs[i], "all_to_all", "input");
     check_tensor(outputs[i], "all_to_all", "output");
+    check_same_device(inputs[i], inputs[0], "all_to_all");
+    check_same_device(outputs[i], inputs[0], "all_to_all");
     TORCH_CHECK_VALUE(inputs[i].scalar_type() == inputs[0].scalar_type() &&
                           outputs[i].scalar_type() == inputs[0].scalar_type(),
                       "hccl all_to_all: all tensors need one dtype");
@@ -510,6 +524,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<
     outs = outputs[0];
     for (const auto& o : outs) {
       check_tensor(o, "gather", "gather_list entry");
+      check_same_device(o, in, "gather");
       TORCH_CHECK_VALUE(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
                         "hccl gather: gather_list tensors must match the input (", in.numel(),
                         " elements of ", in.scalar_type(), ")");
@@ -548,6 +563,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>
     ins = inputs[0];
     for (const auto& t : ins) {
       check_tensor(t, "scatter", "scatter_list entry");
+      check_same_device(t, out, "scatter");
       TORCH_CHECK_VALUE(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
                         "hccl scatter: scatter_list tensors must match the output (", out.numel(),
                         " elements of ", out.scalar_type(), ")");

@@ -120,11 +120,15 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
 }
 
 void ProcessGroupHCCL::connect() {
+  // Keys are namespaced by how many hccl groups this rank built on this store before, so building
+  // twice on one store (as torch may) pairs the k-th construction of every rank with each other.
+  const std::string ns =
+      "hccl" + std::to_string(store_->add("hccl_instances/" + std::to_string(rank_), 1)) + "/";
   // 1. Node identities -> topology.
   const std::string my_node = detect_node_id();
-  store_->set("hccl_node/" + std::to_string(rank_), to_bytes(my_node));
+  store_->set(ns + "node/" + std::to_string(rank_), to_bytes(my_node));
   std::vector<std::string> keys, ids(size_);
-  for (int r = 0; r < size_; ++r) keys.push_back("hccl_node/" + std::to_string(r));
+  for (int r = 0; r < size_; ++r) keys.push_back(ns + "node/" + std::to_string(r));
   try {
     store_->wait(keys, connect_timeout_);
   } catch (const std::exception& e) {
@@ -137,9 +141,9 @@ void ProcessGroupHCCL::connect() {
   topo_ = build_topology(rank_, ids);
 
   // 2. A name unique to this job and group: rank 0 draws a token, everyone reads it.
-  if (rank_ == 0) store_->set("hccl_token", to_bytes(random_token() + "_" + std::to_string(getpid())));
-  store_->wait({"hccl_token"}, connect_timeout_);
-  const std::string token = from_bytes(store_->get("hccl_token"));
+  if (rank_ == 0) store_->set(ns + "token", to_bytes(random_token() + "_" + std::to_string(getpid())));
+  store_->wait({ns + "token"}, connect_timeout_);
+  const std::string token = from_bytes(store_->get(ns + "token"));
   // NPUDIST_JOB_ID (optional) prefixes the name, so a job's segments in /dev/shm are recognisable.
   std::string job;
   if (const char* j = std::getenv("NPUDIST_JOB_ID")) {
@@ -160,7 +164,7 @@ void ProcessGroupHCCL::connect() {
     const auto& g = options_->global_ranks_in_group;
     cfg.global_ranks.push_back(static_cast<int>(g.size()) == size_ ? static_cast<int>(g[r]) : r);
   }
-  StoreBootstrap boot(store_, "hccl_eng/n" + std::to_string(topo_.node) + "/", connect_timeout_);
+  StoreBootstrap boot(store_, ns + "eng/n" + std::to_string(topo_.node) + "/", connect_timeout_);
   try {
     comm_ = Communicator::connect(cfg, boot);
   } catch (const std::exception& e) {
@@ -172,10 +176,10 @@ void ProcessGroupHCCL::connect() {
   // 4. Several nodes: Gloo among all ranks (p2p, all_to_all, gather, scatter) and among leaders.
   if (topo_.num_nodes() > 1) {
     TORCH_CHECK(g_gloo_factory, "hccl: a multi-node group needs Gloo; import npudist.hccl first");
-    auto all_store = c10::make_intrusive<c10d::PrefixStore>("hccl_gloo_all", store_);
+    auto all_store = c10::make_intrusive<c10d::PrefixStore>(ns + "gloo_all", store_);
     gloo_all_ = g_gloo_factory(all_store, rank_, size_, timeout_);
     if (topo_.is_leader()) {
-      auto lead_store = c10::make_intrusive<c10d::PrefixStore>("hccl_gloo_leaders", store_);
+      auto lead_store = c10::make_intrusive<c10d::PrefixStore>(ns + "gloo_leaders", store_);
       gloo_leaders_ = g_gloo_factory(lead_store, topo_.node, topo_.num_nodes(), timeout_);
     }
   }
@@ -223,6 +227,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(
     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;
+  std::lock_guard<std::mutex> split_guard(split_mu_);
+  if (opts && !opts->group_name.empty() && opts->group_name == last_split_name_) {
+    if (auto same = last_split_.lock()) return same;
+  }
   auto child = c10::make_intrusive<HCCLOptions>(options_->timeout);
   child->buffer_bytes = options_->buffer_bytes;
   child->connect_timeout = options_->connect_timeout;
@@ -242,8 +250,11 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(
             ? options_->global_ranks_in_group[r]
             : r);
   }
-  return c10::make_intrusive<ProcessGroupHCCL>(store, static_cast<int>(it - ranks.begin()),
-                                               static_cast<int>(ranks.size()), child);
+  auto made = c10::make_intrusive<ProcessGroupHCCL>(store, static_cast<int>(it - ranks.begin()),
+                                                    static_cast<int>(ranks.size()), child);
+  last_split_name_ = child->group_name;
+  last_split_ = c10::weak_intrusive_ptr<c10d::Backend>(c10::intrusive_ptr<c10d::Backend>(made));
+  return made;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -469,8 +480,9 @@ WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t tra
 std::string WorkHCCL::describe() const {
   return c10::str(spec_.name, spec_.p2p ? c10::str(" (p2p seq ", seq_, ", peer ", spec_.peer, ")")
                                         : c10::str(" (seq ", seq_, ")"),
-                  " on group '", pg_->options_->group_name, "' (rank ", pg_->getRank(), " of ",
-                  pg_->getSize(), ")");
+                  " on group '", pg_->options_->group_name, "'",
+                  pg_->getGroupDesc().empty() ? std::string() : " (" + pg_->getGroupDesc() + ")",
+                  " (rank ", pg_->getRank(), " of ", pg_->getSize(), ")");
 }
 
 bool WorkHCCL::isCompleted() {
@@ -566,6 +578,7 @@ void ProcessGroupHCCL::watchdog_loop() {
   pthread_setname_np(pthread_self(), "hccl_watchdog");
   std::unique_lock<std::mutex> lk(works_mu_);
   const auto margin = std::chrono::seconds(10);
+  auto last_signal_check = std::chrono::steady_clock::now();
   while (!watchdog_stop_) {
     watchdog_cv_.wait_for(lk, std::chrono::milliseconds(200));
     if (watchdog_stop_) break;
@@ -586,6 +599,17 @@ void ProcessGroupHCCL::watchdog_loop() {
       ++it;
     }
     lk.unlock();
+    if (dump_on_timeout_ && !dumped_ && now - last_signal_check > std::chrono::seconds(1)) {
+      last_signal_check = now;
+      try {
+        if (store_->check({"hccl_dump_signal"})) {
+          auto v = store_->get("hccl_dump_signal");
+          dump_now("requested by a peer after: " + std::string(v.begin(), v.end()));
+        }
+      } catch (const std::exception&) {
+        // Unreachable store: nothing to coordinate with.
+      }
+    }
     if (stuck && !aborted_) {
       abort_reason_ = "watchdog: an op exceeded the timeout by more than 10 s";
       aborted_ = true;
@@ -602,11 +626,14 @@ void ProcessGroupHCCL::watchdog_loop() {
         msg = e.what();
       }
       if (user_error) continue;  // bad input: the communicator is intact
-      const bool timeout = msg.find("timed out") != std::string::npos;
-      std::string dumped;
-      if (dump_on_timeout_ && timeout) dumped = dump_all_to_file(global_rank_, msg);
-      if (!dumped.empty()) {
-        fprintf(stderr, "[rank %d] hccl flight recorder dumped to %s\n", global_rank_, dumped.c_str());
+      // Dump on a communication failure (not on a user abort), and ask the other ranks to dump too.
+      if (dump_on_timeout_ && !dumped_ && msg.find("was aborted") == std::string::npos) {
+        dump_now(msg);
+        try {
+          store_->set("hccl_dump_signal", std::vector<uint8_t>(msg.begin(), msg.end()));
+        } catch (const std::exception&) {
+          // The store may be gone with a dead rank 0; the local dump is what matters.
+        }
       }
       if (blocking_wait_ || async_error_handling_ == 0) continue;  // the error reaches wait() only
       if (async_error_handling_ == 1 || async_error_handling_ == 2) {
@@ -629,6 +656,17 @@ void ProcessGroupHCCL::watchdog_loop() {
       }
     }
     lk.lock();
+  }
+}
+
+void ProcessGroupHCCL::dump_now(const std::string& reason) {
+  dumped_ = true;
+  const std::string path = dump_all_to_file(global_rank_, reason);
+  if (!path.empty()) {
+    fprintf(stderr, "[rank %d] hccl flight recorder dumped to %s\n", global_rank_, path.c_str());
+  } else {
+    fprintf(stderr, "[rank %d] hccl flight recorder dump failed (TORCH_HCCL_DEBUG_INFO_TEMP_FILE)\n",
+            global_rank_);
   }
 }
 

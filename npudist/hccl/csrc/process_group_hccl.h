@@ -200,6 +200,12 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::thread watchdog_;
   bool watchdog_stop_ = false;
 
+  // torch's splitGroup calls split() once per device type the backend serves (cpu and npu): the same
+  // child is returned for the same new group name, so one communicator backs both.
+  std::mutex split_mu_;
+  std::string last_split_name_;
+  c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
+
   std::atomic<bool> aborted_{false};
   std::atomic<bool> terminated_{false};  // shut down or destroyed
   std::string abort_reason_;
@@ -207,6 +213,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   int async_error_handling_ = 1;
   bool blocking_wait_ = false;
   bool dump_on_timeout_ = false;
+  std::atomic<bool> dumped_{false};  // this group already wrote its flight-recorder dump
+  void dump_now(const std::string& reason);
   int global_rank_ = 0;
 };
 
