@@ -13,7 +13,7 @@ from npudist.plan import (ACConfig, DataConfig, ModelConfig, OptimizerConfig, Pa
                           ScheduleConfig, TPConfig, TrainingConfig)
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 
-STEPS = 6
+STEPS = 5
 GLOBAL_BATCH = 8
 MICRO_GLOBAL = 4   # sequences per micro-step summed over dp ranks -> 2 accumulation steps per optimizer step
 
