@@ -211,7 +211,9 @@ def collectives():
     """Every op x dtype x reduce op on cpu (and npu when asked), sizes 0, 1, odd and > shm buffer."""
     device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     init()
-    big = (int(os.environ.get("HCCL_BUFFSIZE", "1")) << 20) // 4 + 12345  # > buffer in float32 elements
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert be.buffer_bytes == int(os.environ["HCCL_BUFFSIZE"]) << 20, be.buffer_bytes
+    big = (int(os.environ["HCCL_BUFFSIZE"]) << 20) // 4 + 12345  # > buffer in float32 elements
     checks = check_all_reduce_matrix(device, [0, 1, 7])
     # Chunked paths (larger than the shm buffer) for a few dtypes.
     for dtype in [torch.float32, torch.bfloat16, torch.int64]:
@@ -550,9 +552,13 @@ def blocking_wait():
     if RANK == 0:
         w = dist.all_reduce(torch.ones(4), async_op=True)
         expect_error(w.wait, dist.DistBackendError, "all_reduce", "seq 1")
+        assert w.is_completed() and not w.is_success()
+        # The same failure reaches a future (what DDP communication hooks consume).
+        fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+        expect_error(fut.wait, dist.DistBackendError, "all_reduce")
         time.sleep(1.0)  # give a (wrong) teardown time to happen
     else:
-        time.sleep(6)
+        time.sleep(10)
     dist.destroy_process_group()
 
 
