@@ -14,6 +14,10 @@ def test_p2p_coalesced_objects_functional_async_npu():
     run_ranks("p2p_and_misc", 2, env=ENV, args=("npu",), timeout=150)
 
 
+def test_npu_ops_ordered_after_current_stream_work():
+    run_ranks("stream_order", 2, timeout=90)
+
+
 def test_groups_split_mesh_options():
     run_ranks("groups", 4, timeout=200)
 

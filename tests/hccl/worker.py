@@ -663,6 +663,30 @@ def bad_input():
     dist.destroy_process_group()
 
 
+@scenario
+def stream_order():
+    """npu ops are ordered after work already queued on the caller's current stream (sync and async),
+    also on a non-default current stream."""
+    from npudist import _C as device_c
+
+    init()
+    want = float(sum(r + 1 for r in range(WS)))
+    side = torch.npu.Stream()
+    for stream in (torch.npu.current_stream(), side):
+        with torch.npu.stream(stream):
+            sid = torch.npu.current_stream().npu_stream
+            for mode in ("async", "sync"):
+                t = torch.zeros(1000, device="npu")
+                # A slow host function on the current stream writes the input; the op must see it.
+                device_c._launch_host_fill(t, float(RANK + 1), 200_000, sid)
+                if mode == "async":
+                    dist.all_reduce(t, async_op=True).wait()
+                else:
+                    dist.all_reduce(t)
+                close(t, torch.full((1000,), want), f"{mode} all_reduce after queued stream work")
+    dist.destroy_process_group()
+
+
 SCENARIO_ARGS = sys.argv[2:]
 
 if __name__ == "__main__":
