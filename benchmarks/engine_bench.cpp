@@ -5,7 +5,9 @@
 //
 // Build: g++ -std=c++17 -O3 -pthread -Inpudist/hccl/engine benchmarks/engine_bench.cpp \
 //            npudist/hccl/engine/*.cpp -o /tmp/engine_bench -lrt
-// Run:   /tmp/engine_bench [nranks=2] [ops=all_reduce,...] [max_mib=128]
+// Run:   /tmp/engine_bench [nranks=2] [ops=all_reduce,...] [max_mib=128] [VAR=VALUE]
+// With VAR=VALUE a second communicator is connected with that environment variable set (engine tunables
+// are read at connect) and both are timed in alternating rounds: "B/A" < 1 means the setting is faster.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,7 +74,8 @@ double bus_factor(const std::string& op, int n) {
   return static_cast<double>(n - 1) / n;
 }
 
-void run_rank(int rank, int n, const std::string& dir, const std::vector<std::string>& ops, size_t max_bytes) {
+void run_rank(int rank, int n, const std::string& dir, const std::vector<std::string>& ops, size_t max_bytes,
+              const std::string& ab) {
   CommConfig cfg;
   cfg.name = "bench_" + std::to_string(getppid());
   cfg.rank = rank;
@@ -80,7 +83,14 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
   cfg.timeout = std::chrono::seconds(120);
   if (const char* b = getenv("HCCL_BUFFSIZE")) cfg.buffer_bytes = std::stoul(b) << 20;
   FileBootstrap bs(dir);
-  auto comm = Communicator::connect(cfg, bs);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(Communicator::connect(cfg, bs));
+  if (!ab.empty()) {
+    const size_t eq = ab.find('=');
+    setenv(ab.substr(0, eq).c_str(), ab.substr(eq + 1).c_str(), 1);
+    cfg.name += "_b";
+    comms.push_back(Communicator::connect(cfg, bs));
+  }
   std::vector<char> in(max_bytes * n), out(max_bytes * n);
   std::memset(in.data(), 0, in.size());
   std::memset(out.data(), 0, out.size());
@@ -91,6 +101,7 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
                          64ul << 20, 128ul << 20}) {
       if (bytes > max_bytes) break;
       const size_t count = bytes / 4;
+      Communicator* comm = comms[0].get();
       auto call = [&] {
         OpInfo info{op.c_str(), ++seq};
         if (op == "all_reduce") comm->all_reduce(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum, info);
@@ -104,20 +115,25 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
       };
       // Iterations per round sized to ~20 ms; every rank uses rank 0's choice via a fixed formula.
       const int iters = static_cast<int>(std::clamp<size_t>((40u << 20) / std::max<size_t>(bytes, 1), 3, 2000));
-      call(); call();
-      std::vector<double> rounds;
-      for (int round = 0; round < 5; ++round) {
-        comm->barrier(OpInfo{"barrier", ++seq});
-        auto t0 = Clock::now();
-        for (int i = 0; i < iters; ++i) call();
-        rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+      std::vector<std::vector<double>> rounds(comms.size());
+      for (auto& c : comms) { comm = c.get(); call(); call(); }
+      for (int round = 0; round < 7; ++round) {
+        for (size_t k = 0; k < comms.size(); ++k) {
+          comm = comms[(k + round) % comms.size()].get();
+          comm->barrier(OpInfo{"barrier", ++seq});
+          auto t0 = Clock::now();
+          for (int i = 0; i < iters; ++i) call();
+          rounds[(k + round) % comms.size()].push_back(std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+        }
       }
-      std::sort(rounds.begin(), rounds.end());
-      double t = rounds[rounds.size() / 2];
+      std::vector<double> med;
+      for (auto& r : rounds) { std::sort(r.begin(), r.end()); med.push_back(r[r.size() / 2]); }
       if (rank == 0) {
-        double algbw = bytes / t / 1e9;
-        std::printf("%-15s %11zu B %10.2f us  algbw %7.3f GB/s  busbw %7.3f GB/s\n", op.c_str(), bytes, t * 1e6,
+        double algbw = bytes / med[0] / 1e9;
+        std::printf("%-15s %11zu B %10.2f us  algbw %7.3f GB/s  busbw %7.3f GB/s", op.c_str(), bytes, med[0] * 1e6,
                     algbw, algbw * bus_factor(op, n));
+        if (med.size() > 1) std::printf("   | %s: %10.2f us  B/A %.2f", ab.c_str(), med[1] * 1e6, med[1] / med[0]);
+        std::printf("\n");
         std::fflush(stdout);
       }
     }
@@ -130,6 +146,7 @@ int main(int argc, char** argv) {
   int n = argc > 1 ? std::atoi(argv[1]) : 2;
   std::string ops_arg = argc > 2 ? argv[2] : "all_reduce,broadcast,all_gather,reduce_scatter,all_to_all";
   size_t max_bytes = (argc > 3 ? std::stoul(argv[3]) : 128) << 20;
+  std::string ab = argc > 4 ? argv[4] : "";
   std::vector<std::string> ops;
   std::stringstream ss(ops_arg);
   for (std::string s; std::getline(ss, s, ',');) ops.push_back(s);
@@ -141,7 +158,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < n; ++r) {
     pid_t p = fork();
     if (p == 0) {
-      try { run_rank(r, n, dir, ops, max_bytes); } catch (const std::exception& e) {
+      try { run_rank(r, n, dir, ops, max_bytes, ab); } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", r, e.what());
         _exit(1);
       }

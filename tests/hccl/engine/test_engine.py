@@ -117,7 +117,7 @@ def test_collectives_with_default_sized_buffer(driver, n):
     assert_all_pass(results, name)
 
 
-@pytest.mark.parametrize("mode", [{"NPUDIST_ENGINE_DIRECT_KB": "1"}, {"NPUDIST_ENGINE_DIRECT": "0"}],
+@pytest.mark.parametrize("mode", [{"NPUDIST_ENGINE_DIRECT_KB": "1", "NPUDIST_ENGINE_DIRECT": "1"}, {"NPUDIST_ENGINE_DIRECT": "0"}],
                          ids=["direct-mode-everywhere", "staging-only"])
 def test_collectives_in_direct_and_staging_modes(driver, mode):
     # Direct mode (peers read each other's buffers with process_vm_readv) for every size >= 1 KiB,
@@ -155,7 +155,7 @@ def test_timeout_names_missing_rank(driver):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("direct", ["1", "0"])
+@pytest.mark.parametrize("direct", ["1", "0"])  # forced on (any size) / off
 def test_killed_peer_fails_fast_and_leaves_no_shm(driver, n, direct):
     results, name = run_ranks(driver, "kill", n, timeout_ms=30000, env={"NPUDIST_ENGINE_DIRECT": direct})
     assert_all_pass(results, name, expect_rc={n - 1: -9})
