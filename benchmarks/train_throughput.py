@@ -2,7 +2,10 @@
 """Training throughput (tokens/s) of the same model on npu+hccl vs cpu+gloo, FSDP x 2 and TP x 2.
 
     python benchmarks/train_throughput.py                 # spawns 2 ranks itself (torch.distributed.run)
-    python benchmarks/train_throughput.py --rounds 7 --steps 4 --dim 512
+    python benchmarks/train_throughput.py --dim 384 --layers 4 --seq-len 128 --batch 8   # compute-bound shape
+
+The default shape (wide and short: 27M parameters, 256 tokens per step) makes the collectives a visible part
+of the step, which is what the comparison is about; a compute-bound shape shows ~1.0x by construction.
 
 One run, one process group with two backends (``npu:hccl,cpu:gloo``): every rank builds the same model
 four times -- {npu, cpu} x {FSDP over 2 ranks, TP over 2 ranks} -- from the same seed, then runs
@@ -27,12 +30,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=3, help="optimizer steps per variant per round")
+    ap.add_argument("--steps", type=int, default=2, help="optimizer steps per variant per round")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before round 1")
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=4, help="global batch (sequences per step)")
     ap.add_argument("--devices", default="npu:hccl,cpu:gloo",
                     help="the two device:backend pairs to compare (first / second)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
