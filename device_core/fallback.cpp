@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <vector>
 
@@ -350,4 +351,31 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { Fal
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu_fallback>()); }
 
 }  // namespace
+
+// Ops with both a CPU kernel and a CompositeExplicitAutograd kernel (e.g. native_layer_norm, whose
+// composite kernel is a decomposition for backends without their own) would run the decomposition on
+// npu and differ numerically from CPU. Route them to the CPU kernel through the fallback instead, so
+// npu results are bitwise identical to CPU. Runs once, after libtorch registered its operators.
+size_t register_cpu_kernel_redirects() {
+  static std::unique_ptr<torch::Library> lib;
+  if (lib) return 0;
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                         __LINE__);
+  size_t n = 0;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+      ++n;
+    }
+  }
+  return n;
+}
 }  // namespace npudist

@@ -142,7 +142,22 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   memory::record_stream(self.storage().data_ptr(), stream);
 }
 
+// native_dropout has no generator argument: its CPU kernel would draw from the CPU generator. Build it
+// from bernoulli_ on npu (which draws from the npu generator), with the CPU kernel's semantics.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
+  if (input.numel() == 0) return {input, at::empty_like(input)};
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
+  }
+  double p1m = 1. - p;
+  double scale = p1m == 0 ? 0. : 1. / p1m;
+  at::Tensor mask = at::empty_like(input, at::MemoryFormat::Contiguous);  // input's dtype, as on CPU
+  mask.bernoulli_(p1m);
+  return {input.mul(mask).mul_(scale), mask};
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));

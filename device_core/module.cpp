@@ -24,8 +24,12 @@ void check_index(int device) {
 
 // A host function that sleeps, then fills a tensor: stands in for asynchronous device work (what a
 // collective does) so that stream/event ordering can be observed from Python.
+// The task holds only raw bytes: the block stays valid through record_stream, and destroying a tensor
+// on the stream worker could need the Python GIL.
 struct FillTask {
-  at::Tensor target;
+  void* data;
+  int64_t numel;
+  at::ScalarType dtype;
   double value;
   int64_t delay_us;
 };
@@ -33,17 +37,27 @@ struct FillTask {
 void run_fill(void* p) {
   std::unique_ptr<FillTask> t(static_cast<FillTask*>(p));
   std::this_thread::sleep_for(std::chrono::microseconds(t->delay_us));
-  cpu_alias(t->target).fill_(t->value);
+  at::from_blob(t->data, {t->numel}, at::TensorOptions().dtype(t->dtype)).fill_(t->value);
+}
+
+void* release_gil_if_held() {
+  if (Py_IsInitialized() && PyGILState_Check()) return PyEval_SaveThread();
+  return nullptr;
+}
+void restore_gil(void* token) {
+  if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
 }
 
 void launch_fill(const at::Tensor& target, double value, int64_t delay_us, int64_t stream) {
-  TORCH_CHECK_VALUE(target.device().type() == kNpu, "_launch_host_fill: expected an npu tensor");
+  TORCH_CHECK_VALUE(target.device().type() == kNpu && target.is_contiguous(),
+                    "_launch_host_fill: expected a contiguous npu tensor");
   TORCH_CHECK_VALUE(delay_us >= 0, "_launch_host_fill: delay must be >= 0");
   int dev = target.device().index();
   rt::check_stream(stream);
   memory::record_stream(target.storage().data_ptr(),
                         c10::Stream(c10::Stream::UNSAFE, target.device(), stream));
-  rt::launch_host_func(dev, stream, &run_fill, new FillTask{target, value, delay_us});
+  rt::launch_host_func(dev, stream, &run_fill,
+                       new FillTask{target.data_ptr(), target.numel(), target.scalar_type(), value, delay_us});
 }
 
 }  // namespace
@@ -55,8 +69,11 @@ PYBIND11_MODULE(_C, m) {
   c10::SetAllocator(kNpu, memory::allocator());
   install_cpu_allocator_wrapper();
   register_hooks();
+  size_t redirected = register_cpu_kernel_redirects();
+  rt::set_blocking_hooks({&release_gil_if_held, &restore_gil});
   memory::init_bindings(m);
 
+  m.attr("_num_cpu_kernel_redirects") = redirected;
   auto nogil = py::call_guard<py::gil_scoped_release>();
   // Called by npudist.device at import so a malformed NPUDIST_* / ASCEND_RT_VISIBLE_DEVICES is a ValueError
   // (an exception thrown during module init would surface as an ImportError).

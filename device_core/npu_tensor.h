@@ -61,6 +61,8 @@ class AdoptScope {
   size_t prev_size_;
 };
 void install_cpu_allocator_wrapper();
+// Route ops that have a CPU kernel and a composite decomposition to the CPU kernel (fallback.cpp).
+size_t register_cpu_kernel_redirects();
 
 // Convert a storage produced by a CPU kernel into an npu storage on `device`: re-tag it if its bytes
 // came from the npu allocator within `scope`, otherwise copy into fresh npu memory.

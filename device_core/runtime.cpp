@@ -352,13 +352,22 @@ MarkerPtr record_marker(int device, int64_t stream) {
 
 bool marker_done(const MarkerPtr& m) { return !m || m->done.load(std::memory_order_acquire); }
 
+namespace {
+BlockingHooks g_blocking_hooks;
+}
+
+void set_blocking_hooks(BlockingHooks hooks) { g_blocking_hooks = hooks; }
+
 void marker_wait(const MarkerPtr& m) {
   if (marker_done(m)) return;
   StreamState* s = state(m->device, m->stream);
+  // Let host functions that need the caller's resources (e.g. the Python GIL) make progress.
+  void* token = g_blocking_hooks.before ? g_blocking_hooks.before() : nullptr;
   s->waiters.fetch_add(1);
   std::atomic<int> sleepers{0};
   wait_until([&] { return marker_done(m); }, s->mu, s->cv_done, sleepers);
   s->waiters.fetch_sub(1);
+  if (g_blocking_hooks.after) g_blocking_hooks.after(token);
 }
 
 double marker_elapsed_ms(const MarkerPtr& start, const MarkerPtr& end) {

@@ -36,4 +36,12 @@ double marker_elapsed_ms(const MarkerPtr& start, const MarkerPtr& end);
 
 const NpudistRuntimeApi* c_api();
 
+// Called around every blocking wait on a marker: module.cpp releases the Python GIL if the waiting
+// thread holds it (torch.Event.wait / Stream.synchronize do not release it themselves).
+struct BlockingHooks {
+  void* (*before)() = nullptr;
+  void (*after)(void* token) = nullptr;
+};
+void set_blocking_hooks(BlockingHooks hooks);
+
 }  // namespace npudist::runtime

@@ -16,6 +16,7 @@ typedef void (*npudist_host_fn)(void* arg);
 typedef struct NpudistRuntimeApi {
   uint32_t version;  // NPUDIST_RUNTIME_API_VERSION
   // Run fn(arg) on the stream's worker after all work enqueued before it (async w.r.t. the caller).
+  // fn runs on a worker thread; a host blocked waiting for the stream has released the Python GIL.
   void (*launch_host_func)(int device, int64_t stream_id, npudist_host_fn fn, void* arg);
   // Block the calling thread until all work enqueued on the stream so far has run.
   void (*stream_synchronize)(int device, int64_t stream_id);

@@ -1,0 +1,78 @@
+"""npu vs cpu: what the zero-copy device costs over running the same CPU kernels directly.
+
+Large ops (2048x2048 matmul, 4M-element elementwise) and tiny ops (100 elements), measured side by side:
+the two sides are interleaved in rounds and medians reported, so machine noise hits both alike.
+Targets (issue 2): large ops within 1.05x of cpu; tiny-op added overhead under 5 us.
+
+    .venv/bin/python benchmarks/device_overhead.py [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import npudist  # noqa: F401  (registers the npu device)
+
+
+def _time_per_call(fn, iters: int) -> float:
+    fn()  # warm-up (allocator caches, dispatcher)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def _cases():
+    big_a = torch.randn(2048, 2048)
+    big_b = torch.randn(2048, 2048)
+    e1 = torch.randn(4 << 20)
+    e2 = torch.randn(4 << 20)
+    t1 = torch.randn(100)
+    t2 = torch.randn(100)
+    cases = []
+    for dev in ("cpu", "npu"):
+        a, b, x, y, s, u = (t.to(dev) for t in (big_a, big_b, e1, e2, t1, t2))
+        xi = x.clone()
+        si = s.clone()
+        cases.append({
+            "matmul 2048^2": (lambda a=a, b=b: torch.mm(a, b), 3),
+            "add 4M": (lambda x=x, y=y: torch.add(x, y), 20),
+            "add_ 4M (in-place)": (lambda xi=xi, y=y: xi.add_(y), 20),
+            "mul+sum 4M": (lambda x=x, y=y: (x * y).sum(), 10),
+            "tiny add (100)": (lambda s=s, u=u: torch.add(s, u), 2000),
+            "tiny add_ (100)": (lambda si=si, u=u: si.add_(u), 2000),
+            "tiny relu (100)": (lambda s=s: torch.relu(s), 2000),
+            "tiny view+index": (lambda s=s: s.view(10, 10)[3], 2000),
+        })
+    return cases
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per case (median reported)")
+    args = ap.parse_args()
+    cpu_cases, npu_cases = _cases()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds")
+    print(f"{'case':<22}{'cpu':>12}{'npu':>12}{'ratio':>8}{'added':>12}")
+    for name in cpu_cases:
+        fc, iters = cpu_cases[name]
+        fn, _ = npu_cases[name]
+        tc, tn = [], []
+        for r in range(args.rounds):
+            order = ((fc, tc), (fn, tn)) if r % 2 == 0 else ((fn, tn), (fc, tc))
+            for f, acc in order:
+                acc.append(_time_per_call(f, iters))
+        mc, mn = statistics.median(tc), statistics.median(tn)
+        added_us = (mn - mc) * 1e6
+        print(f"{name:<22}{_fmt(mc):>12}{_fmt(mn):>12}{mn / mc:>7.3f}x{added_us:>10.2f}us")
+
+
+def _fmt(sec: float) -> str:
+    return f"{sec * 1e3:.3f}ms" if sec >= 1e-3 else f"{sec * 1e6:.2f}us"
+
+
+if __name__ == "__main__":
+    main()
