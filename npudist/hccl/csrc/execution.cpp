@@ -1,0 +1,309 @@
+// ProcessGroupHCCL op launch and execution (caller thread or worker lanes; npu stream gate and fence),
+// error translation, and WorkHCCL.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "internal.h"
+#include "process_group_hccl.h"
+
+namespace npudist::hccl {
+
+// ------------------------------------------------------------------------------------------------
+// Launch / execution
+
+void ProcessGroupHCCL::check_usable(const char* op) {
+  if (terminated_) {
+    TORCH_CHECK(false, "hccl: ", op, " called on group '", options_->group_name,
+                "' after it was shut down or destroyed; create a new group");
+  }
+  if (aborted_) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("hccl: ", op, " called on group '", options_->group_name,
+                             "' after it was aborted (", abort_reason_,
+                             "); destroy it and create a new group"));
+  }
+}
+
+int64_t ProcessGroupHCCL::comm_stream(int device) {
+  std::lock_guard<std::mutex> g(stream_mu_);
+  auto it = comm_streams_.find(device);
+  if (it != comm_streams_.end()) return it->second;
+  auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  c10::Stream s = impl->getStreamFromGlobalPool(dev, false);
+  try {
+    s = impl->getNewStream(dev, 0);
+  } catch (const c10::Error&) {
+    // The pool stream serves as well; a dedicated one only avoids sharing a queue with others.
+  }
+  comm_streams_[device] = s.id();
+  return s.id();
+}
+
+namespace {
+
+// Set by a host function on the caller's current npu stream once all work queued before it has run.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  static void open_fn(void* arg) {
+    auto* g = static_cast<std::shared_ptr<Gate>*>(arg);
+    {
+      std::lock_guard<std::mutex> l((*g)->mu);
+      (*g)->open = true;
+    }
+    (*g)->cv.notify_all();
+    delete g;
+  }
+};
+
+// Runs on the group's comm stream and returns once the op has completed, so the allocator (which
+// tracks the comm stream through record_stream) reuses the op's memory only afterwards.
+struct Fence {
+  c10::intrusive_ptr<WorkHCCL> work;
+  static void wait_fn(void* arg) {
+    auto* f = static_cast<Fence*>(arg);
+    f->work->block_until_done();
+    delete f;
+  }
+};
+
+int npu_device_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  for (const auto* v : {&a, &b}) {
+    for (const auto& t : *v) {
+      if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) return t.device().index();
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
+  check_usable(spec.name);
+  const NpudistRuntimeApi* api = runtime_api();
+  const int device = npu_device_of(spec.inputs, spec.outputs);
+  if (device >= 0) {
+    TORCH_CHECK(api != nullptr,
+                "hccl: npu tensors need the device runtime; `import npudist` before using them");
+  }
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  const uint64_t seq = spec.p2p ? ++p2p_seq_ : ++seq_;
+  TraceEntry te;
+  te.seq = seq;
+  te.p2p = spec.p2p;
+  te.peer = spec.peer;
+  te.op = spec.name;
+  te.dtype = spec.dtype;
+  te.reduce_op = spec.reduce_op;
+  te.shapes = spec.shapes;
+  te.root = spec.root;
+  const uint64_t trace_id = recorder_->record(std::move(te));
+  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id);
+  const auto& s = work->spec_;
+
+  int64_t cur_stream = 0;
+  if (device >= 0) {
+    cur_stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+                     ->getStream(c10::Device(c10::DeviceType::PrivateUse1,
+                                             static_cast<c10::DeviceIndex>(device)))
+                     .id();
+  }
+  const bool stream_busy = device >= 0 && api->stream_query(device, cur_stream) == 0;
+
+  if (!s.async && !s.p2p && coll_lane_.idle()) {
+    // Synchronous op on the caller's thread: ordered after the current stream by draining it.
+    if (stream_busy) api->stream_synchronize(device, cur_stream);
+    execute(work);
+    return work;
+  }
+
+  std::shared_ptr<Gate> gate;
+  if (stream_busy) {
+    gate = std::make_shared<Gate>();
+    api->launch_host_func(device, cur_stream, &Gate::open_fn, new std::shared_ptr<Gate>(gate));
+  }
+  if (device >= 0) {
+    const int64_t cs = comm_stream(device);
+    c10::Stream stream(c10::Stream::UNSAFE,
+                       c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)),
+                       cs);
+    for (const auto* v : {&s.inputs, &s.outputs}) {
+      for (const auto& t : *v) {
+        if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && t.has_storage()) {
+          t.record_stream(stream);
+        }
+      }
+    }
+    api->launch_host_func(device, cs, &Fence::wait_fn, new Fence{work});
+  }
+  {
+    std::lock_guard<std::mutex> g(works_mu_);
+    outstanding_.push_back(work);
+  }
+  auto task = [this, work, gate]() {
+    if (gate) {
+      std::unique_lock<std::mutex> l(gate->mu);
+      if (!gate->cv.wait_for(l, timeout_, [&] { return gate->open; })) {
+        work->complete(std::make_exception_ptr(c10::DistBackendError(
+            HCCL_HERE, c10::str("hccl: ", work->describe(),
+                                     " gave up waiting for the npu stream it was issued on (",
+                                     timeout_.count(), " ms)"))));
+        return;
+      }
+    }
+    execute(work);
+  };
+  if (s.p2p) {
+    p2p_lane(s.peer, s.is_send).submit(std::move(task));
+  } else {
+    coll_lane_.submit(std::move(task));
+  }
+  return work;
+}
+
+Lane& ProcessGroupHCCL::p2p_lane(int peer, bool is_send) {
+  std::lock_guard<std::mutex> g(p2p_mu_);
+  auto& lane = p2p_lanes_[{peer, is_send}];
+  if (!lane) lane = std::make_unique<Lane>((is_send ? "hccl_send" : "hccl_recv") + std::to_string(peer));
+  return *lane;
+}
+
+void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
+  work->started_ = std::chrono::steady_clock::now();
+  recorder_->mark_started(work->trace_id_);
+  std::exception_ptr err;
+  try {
+    if (aborted_) {
+      throw EngineError(ErrorKind::kAborted, "group was aborted: " + abort_reason_);
+    }
+    work->spec_.body(work->seq_);
+  } catch (const EngineError& e) {
+    err = translate_error(e, *work, true);
+  } catch (const c10::ValueError& e) {
+    err = std::current_exception();
+  } catch (const c10::DistBackendError& e) {
+    err = std::current_exception();
+  } catch (const std::exception& e) {
+    err = translate_error(e, *work, false);
+  }
+  work->complete(err);
+}
+
+std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, const WorkHCCL& w,
+                                                     bool engine_error) {
+  std::string kind = "failed";
+  if (engine_error) {
+    const auto& ee = static_cast<const EngineError&>(e);
+    switch (ee.kind) {
+      case ErrorKind::kTimeout:
+        kind = c10::str("timed out after ", timeout_.count(), " ms");
+        error_type_ = static_cast<int>(c10d::ErrorType::TIMEOUT);
+        break;
+      case ErrorKind::kPeerDied: kind = "failed: a peer process died"; break;
+      case ErrorKind::kMismatch: kind = "failed: ranks called mismatched collectives"; break;
+      case ErrorKind::kAborted: kind = "was aborted"; break;
+      case ErrorKind::kInvalidArgument:
+        return std::make_exception_ptr(c10::ValueError(
+            HCCL_HERE, c10::str("hccl: ", w.describe(), ": ", e.what())));
+      case ErrorKind::kSystem: kind = "failed: system error"; break;
+    }
+    if (ee.kind != ErrorKind::kTimeout) error_type_ = static_cast<int>(c10d::ErrorType::COMM_ERROR);
+  } else {
+    error_type_ = static_cast<int>(c10d::ErrorType::COMM_ERROR);
+  }
+  return std::make_exception_ptr(c10::DistBackendError(
+      HCCL_HERE, c10::str("hccl: ", w.describe(), " ", kind, ": ", e.what())));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Work
+
+WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id)
+    : c10d::Work(pg->getRank(), spec.type, nullptr),
+      spec_(std::move(spec)),
+      seq_(seq),
+      trace_id_(trace_id),
+      issued_(std::chrono::steady_clock::now()),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      pg_(pg) {}
+
+std::string WorkHCCL::describe() const {
+  return c10::str(spec_.name, spec_.p2p ? c10::str(" (p2p seq ", seq_, ", peer ", spec_.peer, ")")
+                                        : c10::str(" (seq ", seq_, ")"),
+                  " on group '", pg_->options_->group_name, "'",
+                  pg_->getGroupDesc().empty() ? std::string() : " (" + pg_->getGroupDesc() + ")",
+                  " (rank ", pg_->getRank(), " of ", pg_->getSize(), ")");
+}
+
+bool WorkHCCL::isCompleted() {
+  std::lock_guard<std::mutex> g(mutex_);
+  return completed_;
+}
+
+bool WorkHCCL::isSuccess() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr WorkHCCL::exception() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return exception_;
+}
+
+bool WorkHCCL::wait(std::chrono::milliseconds timeout) {
+  observed_ = true;
+  std::unique_lock<std::mutex> lk(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lk, [&] { return completed_; });
+  } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("hccl: ", describe(), " did not complete within the wait timeout of ",
+                             timeout.count(), " ms"));
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+void WorkHCCL::synchronize() { wait(kNoTimeout); }
+
+void WorkHCCL::block_until_done() {
+  std::unique_lock<std::mutex> lk(mutex_);
+  cv_.wait(lk, [&] { return completed_; });
+}
+
+void WorkHCCL::abort() { pg_->abort(); }
+
+float WorkHCCL::getDuration() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  TORCH_CHECK(completed_, "hccl: getDuration() of an op that has not completed");
+  return std::chrono::duration<float, std::milli>(finished_ - started_).count();
+}
+
+void WorkHCCL::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (completed_) return;
+    finished_ = std::chrono::steady_clock::now();
+    if (started_.time_since_epoch().count() == 0) started_ = finished_;
+    completed_ = true;
+    exception_ = error;
+  }
+  cv_.notify_all();
+  std::string msg;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(spec_.outputs));
+  }
+  pg_->recorder_->mark_done(trace_id_, msg);
+  pg_->on_work_done(this);
+}
+
+
+}  // namespace npudist::hccl

@@ -1,0 +1,17 @@
+// Internals shared by the ProcessGroupHCCL translation units.
+#pragma once
+#include <c10/util/Exception.h>
+
+#include "npudist/runtime_c_api.h"
+
+namespace npudist::hccl {
+
+// The device runtime's C table (null until Python handed it over).
+const NpudistRuntimeApi* runtime_api();
+// An integer environment variable; a malformed value is a ValueError naming the variable.
+int env_int(const char* name, int fallback);
+
+}  // namespace npudist::hccl
+
+#define HCCL_HERE \
+  c10::SourceLocation { __func__, __FILE__, static_cast<uint32_t>(__LINE__) }

@@ -1,0 +1,160 @@
+// ProcessGroupHCCL watchdog (failed/stuck work -> dump, abort, teardown per TORCH_HCCL_* settings),
+// abort() and shutdown().
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "internal.h"
+#include "process_group_hccl.h"
+
+namespace npudist::hccl {
+
+// ------------------------------------------------------------------------------------------------
+// Watchdog, abort, shutdown
+
+void ProcessGroupHCCL::on_work_done(WorkHCCL* w) {
+  std::lock_guard<std::mutex> g(works_mu_);
+  if (w->exception()) {
+    // Failed work stays listed until the watchdog has handled it.
+    bool listed = false;
+    for (auto& x : outstanding_) listed |= (x.get() == w);
+    if (!listed) outstanding_.push_back(c10::intrusive_ptr<WorkHCCL>::unsafe_reclaim_from_nonowning(w));
+    watchdog_cv_.notify_all();
+    return;
+  }
+  outstanding_.remove_if([w](const auto& x) { return x.get() == w; });
+}
+
+void ProcessGroupHCCL::start_watchdog() {
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+void ProcessGroupHCCL::watchdog_loop() {
+  pthread_setname_np(pthread_self(), "hccl_watchdog");
+  std::unique_lock<std::mutex> lk(works_mu_);
+  const auto margin = std::chrono::seconds(10);
+  auto last_signal_check = std::chrono::steady_clock::now();
+  while (!watchdog_stop_) {
+    watchdog_cv_.wait_for(lk, std::chrono::milliseconds(200));
+    if (watchdog_stop_) break;
+    std::vector<c10::intrusive_ptr<WorkHCCL>> failed;
+    const auto now = std::chrono::steady_clock::now();
+    bool stuck = false;
+    for (auto it = outstanding_.begin(); it != outstanding_.end();) {
+      auto& w = *it;
+      if (w->isCompleted()) {
+        if (w->exception() && !w->error_handled_.exchange(true)) failed.push_back(w);
+        it = outstanding_.erase(it);
+        continue;
+      }
+      // The engine bounds every wait; a started op far past the deadline means a wedged worker.
+      if (w->started_.time_since_epoch().count() != 0 && now - w->started_ > timeout_ + margin) {
+        stuck = true;
+      }
+      ++it;
+    }
+    lk.unlock();
+    if (dump_on_timeout_ && !dumped_ && now - last_signal_check > std::chrono::seconds(1)) {
+      last_signal_check = now;
+      try {
+        if (store_->check({"hccl_dump_signal"})) {
+          auto v = store_->get("hccl_dump_signal");
+          dump_now("requested by a peer after: " + std::string(v.begin(), v.end()));
+        }
+      } catch (const std::exception&) {
+        // Unreachable store: nothing to coordinate with.
+      }
+    }
+    if (stuck && !aborted_) {
+      abort_reason_ = "watchdog: an op exceeded the timeout by more than 10 s";
+      aborted_ = true;
+      if (comm_) comm_->abort(abort_reason_);
+    }
+    for (auto& w : failed) {
+      std::string msg;
+      bool user_error = false;
+      try {
+        std::rethrow_exception(w->exception());
+      } catch (const c10::ValueError& e) {
+        user_error = true;
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+      if (user_error) continue;  // bad input: the communicator is intact
+      // Dump on a communication failure (not on a user abort), and ask the other ranks to dump too.
+      if (dump_on_timeout_ && !dumped_ && msg.find("was aborted") == std::string::npos) {
+        dump_now(msg);
+        try {
+          store_->set("hccl_dump_signal", std::vector<uint8_t>(msg.begin(), msg.end()));
+        } catch (const std::exception&) {
+          // The store may be gone with a dead rank 0; the local dump is what matters.
+        }
+      }
+      if (blocking_wait_ || async_error_handling_ == 0) continue;  // the error reaches wait() only
+      if (async_error_handling_ == 1 || async_error_handling_ == 2) {
+        if (!aborted_) {
+          abort_reason_ = "watchdog after: " + msg;
+          aborted_ = true;
+          if (comm_) comm_->abort(abort_reason_);
+        }
+      }
+      if (async_error_handling_ == 1 || async_error_handling_ == 3) {
+        fprintf(stderr,
+                "[rank %d] hccl watchdog: %s\n[rank %d] hccl watchdog: tearing down the process "
+                "(TORCH_HCCL_ASYNC_ERROR_HANDLING=%d; set TORCH_HCCL_BLOCKING_WAIT=1 or "
+                "TORCH_HCCL_ASYNC_ERROR_HANDLING=0 to handle the error in Python instead)\n",
+                global_rank_, msg.c_str(), global_rank_, async_error_handling_);
+        fflush(stderr);
+        if (comm_) comm_->abort(msg);
+        comm_.reset();  // unlink shared memory before dying
+        std::_Exit(1);
+      }
+    }
+    lk.lock();
+  }
+}
+
+void ProcessGroupHCCL::dump_now(const std::string& reason) {
+  dumped_ = true;
+  const std::string path = dump_all_to_file(global_rank_, reason);
+  if (!path.empty()) {
+    fprintf(stderr, "[rank %d] hccl flight recorder dumped to %s\n", global_rank_, path.c_str());
+  } else {
+    fprintf(stderr, "[rank %d] hccl flight recorder dump failed (TORCH_HCCL_DEBUG_INFO_TEMP_FILE)\n",
+            global_rank_);
+  }
+}
+
+void ProcessGroupHCCL::abort() {
+  if (!aborted_.exchange(true)) {
+    abort_reason_ = "abort() was called";
+  }
+  if (comm_) comm_->abort(abort_reason_);
+  if (gloo_all_) gloo_all_->abort();
+  if (gloo_leaders_) gloo_leaders_->abort();
+  // Fail what is still queued: execute() sees aborted_ and completes with an error.
+}
+
+void ProcessGroupHCCL::shutdown() {
+  if (terminated_) return;
+  // Let queued ops finish (each is bounded by the timeout), then release the communicator.
+  coll_lane_.stop();
+  {
+    std::lock_guard<std::mutex> g(p2p_mu_);
+    for (auto& kv : p2p_lanes_) kv.second->stop();
+  }
+  terminated_ = true;
+  {
+    std::lock_guard<std::mutex> g(works_mu_);
+    watchdog_stop_ = true;
+    watchdog_cv_.notify_all();
+  }
+  if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
+  comm_.reset();
+  if (gloo_all_) gloo_all_->shutdown();
+  if (gloo_leaders_) gloo_leaders_->shutdown();
+}
+
+
+}  // namespace npudist::hccl

@@ -1,0 +1,128 @@
+"""Shared helpers of the hccl test scenarios: rank identity, init, deterministic inputs, local
+references, tolerance-aware comparison, expected-error checks, and the scenario registry."""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import npudist  # noqa: F401,E402  (registers the npu device and the hccl backend)
+
+RANK = int(os.environ["RANK"])
+WS = int(os.environ["WORLD_SIZE"])
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def init(backend="hccl", timeout=60.0, **kw):
+    dist.init_process_group(backend, init_method="file://" + os.environ["HCCL_TEST_STORE"], rank=RANK,
+                            world_size=WS, timeout=timedelta(seconds=timeout), **kw)
+    expect = os.environ.get("HCCL_TEST_EXPECT_NODES")
+    if expect and backend == "hccl":
+        be = dist.group.WORLD._get_backend(torch.device("cpu"))
+        assert be.num_nodes == int(expect) and be.uses_gloo, (be.num_nodes, be.uses_gloo)
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs and references
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+COMPLEX = [torch.complex64, torch.complex128]
+ALL_DTYPES = FLOATS + INTS + [torch.bool] + COMPLEX
+R = dist.ReduceOp
+
+
+def make(rank: int, n: int, dtype: torch.dtype, salt: int = 0, small: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + 7 * salt + n)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if dtype.is_floating_point:
+        x = torch.randn(n, generator=g, dtype=torch.float64)
+        return (x * 0.5 + 1.0 if small else x).to(dtype)
+    if dtype.is_complex:
+        return torch.randn(n, generator=g, dtype=dtype)
+    lo, hi = (1, 3) if small else ((0, 10) if dtype == torch.uint8 else (-5, 6))
+    return torch.randint(lo, hi, (n,), generator=g).to(dtype)
+
+
+def reference(xs: list[torch.Tensor], op) -> torch.Tensor:
+    dtype = xs[0].dtype
+    s = torch.stack(xs)
+    if dtype == torch.bool:
+        if op in (R.SUM, R.MAX, R.BOR):
+            return s.any(0)
+        if op in (R.PRODUCT, R.MIN, R.BAND):
+            return s.all(0)
+        return (s.to(torch.int64).sum(0) % 2).bool()
+    acc = torch.complex128 if dtype.is_complex else (torch.float64 if dtype.is_floating_point else torch.int64)
+    w = s.to(acc)
+    if op == R.SUM:
+        r = w.sum(0)
+    elif op == R.AVG:
+        r = w.sum(0) / len(xs) if (dtype.is_floating_point or dtype.is_complex) else torch.div(
+            w.sum(0), len(xs), rounding_mode="trunc")
+    elif op == R.PRODUCT:
+        r = w.prod(0)
+    elif op == R.MIN:
+        r = w.amin(0)
+    elif op == R.MAX:
+        r = w.amax(0)
+    elif op in (R.BAND, R.BOR, R.BXOR):
+        r = s[0].clone()
+        for x in s[1:]:
+            r = r & x if op == R.BAND else (r | x if op == R.BOR else r ^ x)
+        return r
+    else:
+        raise AssertionError(op)
+    return r.to(dtype)
+
+
+def ops_for(dtype):
+    if dtype == torch.bool:
+        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+    if dtype.is_complex:
+        return [R.SUM, R.AVG]
+    if dtype.is_floating_point:
+        return [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, "PREMUL"]
+    return [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+
+
+def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    a, b = a.cpu(), b.cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+    if a.dtype in (torch.float16, torch.bfloat16):
+        tol = dict(rtol=2e-2, atol=2e-2)
+    elif a.dtype in (torch.float32, torch.complex64):
+        tol = dict(rtol=1e-5, atol=1e-5)
+    else:
+        tol = dict(rtol=1e-12, atol=1e-12) if (a.is_floating_point() or a.is_complex()) else dict(rtol=0, atol=0)
+    if not torch.allclose(a.to(torch.complex128) if a.is_complex() else a.double(),
+                          b.to(torch.complex128) if b.is_complex() else b.double(), **tol):
+        raise AssertionError(f"{what}: mismatch\n got {a[:8]}\nwant {b[:8]}")
+
+
+
+def expect_error(fn, types, *needles):
+    import time as _t
+
+    t0 = _t.monotonic()
+    try:
+        fn()
+    except types as e:
+        msg = str(e)
+        for n in needles:
+            assert n in msg, f"error text lacks {n!r}: {msg}"
+        print(f"rank {RANK}: expected {type(e).__name__} after {_t.monotonic() - t0:.1f}s: {msg[:400]}",
+              flush=True)
+        return msg, _t.monotonic() - t0
+    raise AssertionError(f"no {types} raised")
+
+
