@@ -187,3 +187,29 @@ def bad_input():
     expect_error(lambda: dist.all_reduce(torch.ones(2), group=g), (ValueError, RuntimeError))
     healthy()
     dist.destroy_process_group()
+
+
+@scenario
+def trace_on_demand():
+    """dump_flight_recorder(): JSON of every group; the ring keeps the last TORCH_HCCL_TRACE_BUFFER_SIZE ops."""
+    import json
+
+    import npudist.hccl as hccl
+
+    init()
+    t = torch.ones(4)
+    for _ in range(20):
+        dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    doc = json.loads(hccl.dump_flight_recorder())
+    assert doc["global_rank"] == RANK and len(doc["groups"]) >= 1
+    world = [g for g in doc["groups"] if g["size"] == WS and g["entries"]][0]
+    entries = world["entries"]
+    assert len(entries) == int(os.environ["TORCH_HCCL_TRACE_BUFFER_SIZE"]), len(entries)
+    last = entries[-1]
+    assert last["op"] == "broadcast" and last["seq"] == 21 and last["state"] == "completed", last
+    assert [e["seq"] for e in entries] == list(range(22 - len(entries), 22))
+    assert world["last_completed_seq"] == 21
+    path = hccl.dump_flight_recorder_to_file()
+    assert path.endswith(f"trace_{RANK}") and json.load(open(path))["groups"], path
+    dist.destroy_process_group()

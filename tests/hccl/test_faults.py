@@ -57,6 +57,11 @@ def test_flight_recorder_dump_and_analyzer(tmp_path):
     assert "failed on rank 0: all_reduce seq 5" in text, text
 
 
+def test_flight_recorder_on_demand_ring_buffer(tmp_path):
+    run_ranks("trace_on_demand", 2, timeout=60,
+              env={"TORCH_HCCL_TRACE_BUFFER_SIZE": "8", "TORCH_HCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_")})
+
+
 def test_analyzer_reports_first_mismatch(tmp_path):
     import json
 
