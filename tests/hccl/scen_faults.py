@@ -213,3 +213,21 @@ def trace_on_demand():
     path = hccl.dump_flight_recorder_to_file()
     assert path.endswith(f"trace_{RANK}") and json.load(open(path))["groups"], path
     dist.destroy_process_group()
+
+
+@scenario
+def cleanup_only():
+    """TORCH_HCCL_ASYNC_ERROR_HANDLING=2: a failure aborts the communicator (later ops fail at once) and
+    the process lives on."""
+    import time
+
+    init(timeout=3)
+    if RANK == 0:
+        expect_error(lambda: dist.all_reduce(torch.ones(4)), dist.DistBackendError, "timed out")
+        time.sleep(1.0)  # the watchdog aborts the communicator
+        t0 = time.monotonic()
+        expect_error(lambda: dist.all_reduce(torch.ones(4)), dist.DistBackendError, "abort")
+        assert time.monotonic() - t0 < 1.0, "an op on an aborted communicator did not fail at once"
+    else:
+        time.sleep(8)
+    dist.destroy_process_group()

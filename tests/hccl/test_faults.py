@@ -35,6 +35,10 @@ def test_blocking_wait_raises_in_wait_and_keeps_the_process():
               env={"TORCH_HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_BLOCKING_WAIT": "1"})
 
 
+def test_cleanup_only_aborts_and_keeps_the_process():
+    run_ranks("cleanup_only", 2, timeout=60, env={"TORCH_HCCL_ASYNC_ERROR_HANDLING": "2"})
+
+
 def test_abort_and_shutdown():
     run_ranks("abort_shutdown", 2, timeout=60)
 
