@@ -101,6 +101,9 @@ def _register() -> None:
     if "hccl" not in dist.Backend.backend_list:
         dist.Backend.register_backend("hccl", _create_backend, extended_api=True, devices=["npu", "cpu"])
     dist.Backend.default_device_backend_map["npu"] = "hccl"
+    # torch_npu code checks torch.distributed.is_hccl_available().
+    if not hasattr(dist, "is_hccl_available"):
+        dist.is_hccl_available = is_available
     _C._set_gloo_factory(_create_gloo)
 
 
