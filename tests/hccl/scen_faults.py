@@ -231,3 +231,16 @@ def cleanup_only():
     else:
         time.sleep(8)
     dist.destroy_process_group()
+
+
+@scenario
+def connect_timeout():
+    """HCCL_CONNECT_TIMEOUT bounds group creation when a rank never joins."""
+    import time
+
+    init(timeout=30)
+    if RANK == 0:
+        msg, took = expect_error(lambda: dist.new_group(), dist.DistBackendError, "HCCL_CONNECT_TIMEOUT")
+        assert took < 10, f"group creation gave up after {took:.1f}s with HCCL_CONNECT_TIMEOUT=2"
+    else:
+        time.sleep(6)

@@ -39,6 +39,10 @@ def test_cleanup_only_aborts_and_keeps_the_process():
     run_ranks("cleanup_only", 2, timeout=60, env={"TORCH_HCCL_ASYNC_ERROR_HANDLING": "2"})
 
 
+def test_connect_timeout_bounds_group_creation():
+    run_ranks("connect_timeout", 2, timeout=60, env={"HCCL_CONNECT_TIMEOUT": "2"})
+
+
 def test_abort_and_shutdown():
     run_ranks("abort_shutdown", 2, timeout=60)
 
