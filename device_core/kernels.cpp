@@ -4,6 +4,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
@@ -155,6 +157,28 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   mask.bernoulli_(p1m);
   return {input.mul(mask).mul_(scale), mask};
 }
+
+// scaled_dot_product_attention picks its backend through _fused_sdp_choice_stub, which falls back to
+// the math decomposition for devices without an entry. Make npu choose exactly what CPU chooses (e.g.
+// the CPU flash kernel), so attention on npu is bitwise identical to CPU.
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  auto cpu = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t; };
+  std::optional<at::Tensor> m;
+  if (mask.has_value() && mask->defined()) m = cpu(*mask);
+  return at::_fused_sdp_choice(cpu(q), cpu(k), cpu(v), m, dropout_p, is_causal, scale, enable_gqa);
+}
+
+}  // namespace
+}  // namespace npudist
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &npudist::fused_sdp_choice)
+}  // namespace at::native
+
+namespace npudist {
+namespace {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));

@@ -75,3 +75,29 @@ def test_random_ops_cover_common_samplers():
     assert p.device.type == "npu" and sorted(p.tolist()) == list(range(10))
     assert torch.randint(0, 5, (100,), device="npu").max().item() < 5
     assert torch.bernoulli(torch.full((100,), 0.5, device="npu")).device.type == "npu"
+
+
+def test_dtensor_random_ops_use_the_npu_state():
+    from .conftest import run_python
+    code = """
+import torch, npudist, torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import distribute_tensor, Shard
+import torch.distributed.tensor._random as dtensor_random
+dist.init_process_group("hccl", rank=0, world_size=1, store=dist.HashStore())
+torch.npu.set_device(0)
+mesh = DeviceMesh("npu", [0])
+def run():
+    torch.manual_seed(5)
+    d = distribute_tensor(torch.empty(8, 8, device="npu"), mesh, [Shard(0)])
+    torch.nn.init.uniform_(d)
+    return d.full_tensor().cpu(), torch.npu.get_rng_state()[8:].view(torch.int64).item()
+(a, off_a), (b, off_b) = run(), run()
+assert type(dtensor_random._rng_tracker).__name__ == "OffsetBasedRNGTracker"
+assert torch.equal(a, b) and off_a == off_b == 64, (off_a, off_b)
+assert 0 <= a.min().item() and a.max().item() < 1 and a.std().item() > 0.1
+dist.destroy_process_group()
+print("ok")
+"""
+    r = run_python(code)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
