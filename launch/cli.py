@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Short for --nproc-per-node. 'auto' (or 'npu') = the number of visible npu devices.")
     # None = "not given": npurun then tees every rank's output with a rank prefix (see --tee).
     parser.set_defaults(tee=os.environ.get("PET_TEE"), redirects=os.environ.get("PET_REDIRECTS"))
+    for action in parser._actions:  # argparse has no public way to amend an existing option's help
+        if action.dest == "tee":
+            action.help += (" npurun: if neither --tee nor --redirects is given, every rank is teed (3) "
+                            "with a rank prefix; --tee 0 lets workers write straight to the console.")
 
     npu = parser.add_argument_group("npu options (npurun)")
     npu.add_argument(

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +152,13 @@ def test_missing_script_is_a_usage_error(tmp_path, monkeypatch, capsys):
         npurun_main.run(["--device", "cpu", "--nproc", "2", "no_such_train.py"])
     assert exc.value.code == 2
     assert "training script not found: 'no_such_train.py'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", [["npurun"], ["-m", "npudist.launch"]])
+def test_console_script_and_module_entry_points(cmd):
+    exe = Path(sys.executable)
+    argv = [str(exe.parent / cmd[0])] if cmd == ["npurun"] else [str(exe), *cmd]
+    out = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for opt in ("--nproc", "--nproc-per-node", "--rdzv-endpoint", "--hccl-timeout", "--node-id", "--rank0-only"):
+        assert opt in out.stdout

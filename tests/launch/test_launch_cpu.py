@@ -144,3 +144,12 @@ def test_sigterm_to_launcher_stops_workers(tmp_path):
     for pid in pids:  # the agent ended its workers before exiting
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_tee_0_is_torchrun_raw_output_and_quiet_drops_summaries(tmp_path):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", "--tee", "0", "--quiet", str(SCRIPTS / "report_cpu.py")],
+                     tmp_path)
+    assert res.returncode == 0, res.output
+    raw = [json.loads(ln.split("REPORT ", 1)[1]) for ln in res.stdout.splitlines() if ln.startswith("REPORT ")]
+    assert sorted(r["rank"] for r in raw) == [0, 1]  # straight from the workers: no rank prefix
+    assert "[rank" not in res.stdout and res.summary_lines() == []
