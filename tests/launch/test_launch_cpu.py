@@ -153,3 +153,10 @@ def test_tee_0_is_torchrun_raw_output_and_quiet_drops_summaries(tmp_path):
     raw = [json.loads(ln.split("REPORT ", 1)[1]) for ln in res.stdout.splitlines() if ln.startswith("REPORT ")]
     assert sorted(r["rank"] for r in raw) == [0, 1]  # straight from the workers: no rank prefix
     assert "[rank" not in res.stdout and res.summary_lines() == []
+
+
+def test_no_python_runs_the_command_as_is(tmp_path):
+    res = run_npurun(["--nproc", "2", "--no-python", str(SCRIPTS / "nopy.sh"), "a", "b"], tmp_path)
+    assert res.returncode == 0, res.output
+    assert worker_lines(res, "NOPY") == {0: "rank=0 local=0 world=2 args=a b", 1: "rank=1 local=1 world=2 args=a b"}
+    assert "(not bound: --no-python)" in res.summary_lines()[0]
