@@ -1,6 +1,7 @@
 // Shared-memory segment creation, attachment and early unlinking (see transport.h).
 #include "transport.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <random>
 #include <thread>
@@ -48,6 +50,36 @@ uint64_t make_nonce() {
 }
 
 }  // namespace
+
+size_t remove_stale_segments() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  size_t removed = 0;
+  const time_t now = time(nullptr);
+  while (dirent* e = readdir(dir)) {
+    if (std::strncmp(e->d_name, "npudist_", 8) != 0) continue;
+    const std::string name = std::string("/") + e->d_name;
+    int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) continue;
+    struct stat st;
+    bool stale = false;
+    if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(SegHeader)) {
+      void* p = mmap(nullptr, sizeof(SegHeader), PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        const SegHeader* h = static_cast<const SegHeader*>(p);
+        if (h->magic == kMagic) stale = !process_alive(h->creator);
+        else stale = now - st.st_mtime > 600;
+        munmap(p, sizeof(SegHeader));
+      }
+    } else if (fstat(fd, &st) == 0) {
+      stale = now - st.st_mtime > 600;
+    }
+    close(fd);
+    if (stale && shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
 
 std::string shm_segment_name(const std::string& comm_name) {
   std::string s = "/npudist_";
@@ -107,12 +139,13 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
   uint64_t nonce = 0;
   int fd = -1;
   if (cfg.rank == 0) {
+    remove_stale_segments();
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 && errno == EEXIST)
       throw EngineError(ErrorKind::kSystem,
                         "npudist engine: shared-memory segment /dev/shm" + name +
-                            " already exists: another live job uses the same communicator name, or a "
-                            "crashed run left it; remove it if no job is running");
+                            " already exists and its creator is alive: another running job uses the same "
+                            "communicator name; give each job a unique name");
     if (fd < 0) throw EngineError(ErrorKind::kSystem, sys_error("shm_open", name));
     if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
       std::string msg = sys_error("ftruncate", name);
@@ -150,6 +183,7 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
     h->buffer_bytes = buffer_bytes;
     h->p2p_bytes = p2p_bytes;
     h->size = n;
+    h->creator = self_process_id();
     std::atomic_thread_fence(std::memory_order_release);
     h->magic = kMagic;
     char buf[32];

@@ -72,6 +72,7 @@ struct alignas(64) SegHeader {
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> aborted;  // 0 = no, 2 = reason being written, 1 = aborted
   char abort_reason[512];
+  ProcessId creator;              // rank 0's process: a named segment whose creator died is stale
 };
 
 class Segment {
@@ -111,5 +112,10 @@ class Segment {
 
 // "/npudist_<name>" with characters that are not allowed in a shm name replaced (exposed for tests).
 std::string shm_segment_name(const std::string& comm_name);
+
+// Unlinks /dev/shm/npudist_* segments left by a crash inside a connect window: their creator process is
+// gone (or, if it never finished initialising the header, the file is older than ten minutes). Live
+// segments are never touched. Returns how many were removed. Called by rank 0 before creating a segment.
+size_t remove_stale_segments();
 
 }  // namespace npudist::hccl::detail

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -173,3 +174,25 @@ def test_connect_timeout_when_a_rank_never_attaches(driver):
     results, name = run_ranks(driver, "connect_timeout", 2, timeout_ms=1000)
     assert_all_pass(results, name)
     assert "did not attach" in results[0][1]
+
+
+def test_segment_left_by_a_crash_in_connect_is_removed_by_the_next_job(driver):
+    # Rank 0 of a 2-rank job creates its segment and is killed while waiting for rank 1 to attach:
+    # the only window in which a segment name exists. The next job's rank 0 removes it.
+    name = "enginetest_stale_" + uuid.uuid4().hex[:10]
+    boot = tempfile.mkdtemp(prefix="npudist_boot_")
+    proc = subprocess.Popen([driver, "--rank", "0", "--size", "2", "--dir", boot, "--name", name, "--test", "p2p",
+                             "--timeout-ms", "60000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while not shm_leftovers(name) and time.time() < deadline:
+            time.sleep(0.05)
+        assert shm_leftovers(name), "rank 0 never created its segment"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        shutil.rmtree(boot, ignore_errors=True)
+    assert shm_leftovers(name), "segment should still exist right after the crash"
+    results, other = run_ranks(driver, "mismatch", 2)
+    assert_all_pass(results, other)
+    assert shm_leftovers(name) == []
