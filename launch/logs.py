@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -109,7 +110,8 @@ def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_line
     """The lines that say what went wrong in a failed worker.
 
     Prefers the traceback torchelastic's error file recorded (its innermost frame and the exception),
-    else the tail of the worker's captured stderr (crashes that raised no Python exception).
+    else the tail of the worker's captured stderr without C++ backtrace frames (crashes that raised no
+    Python exception, e.g. the hccl watchdog tearing a process down).
     """
     if error_file and os.path.isfile(error_file):
         try:
@@ -131,8 +133,20 @@ def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_line
     if stderr_file and os.path.isfile(stderr_file):
         try:
             with open(stderr_file, errors="replace") as fp:
-                lines = [ln.rstrip("\n") for ln in fp if ln.strip()]
-            return lines[-max_lines:]
+                lines = [ln.rstrip("\n") for ln in fp if ln.strip() and not _is_backtrace_noise(ln)]
+            return [_clip(ln) for ln in lines[-max_lines:]]
         except OSError:
             pass
     return []
+
+
+_BACKTRACE_NOISE = re.compile(r"^\s*(frame #\d+:|<omitting python frames>|Exception raised from .* \(most recent call first\):)")
+
+
+def _is_backtrace_noise(line: str) -> bool:
+    """c10's C++ backtrace lines: they bury the error message that precedes them."""
+    return bool(_BACKTRACE_NOISE.match(line))
+
+
+def _clip(line: str, limit: int = 400) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."

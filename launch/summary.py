@@ -126,6 +126,8 @@ class Reporter:
             how = f"signal {fail.signal_name()}" if fail.exitcode < 0 else f"exit code {fail.exitcode}"
             if rank != root and _looks_stopped_by_agent(fail):
                 how += " (stopped after the failure)"
+            elif rank == root and len(err.failures) > 1:
+                how += " (first failure)"
             parts.append(f"rank {rank} (local {fail.local_rank}) {how}")
         attempts = (self.last.attempt + 1) if self.last else 1
         logs = f", logs {self.last.log_dir}" if self.last and self.last.log_dir else ""

@@ -144,6 +144,14 @@ def test_error_excerpt_prefers_innermost_frame(tmp_path):
     se.write_text("a\n\nb\nc\nd\ne\n")
     assert read_error_excerpt(None, str(se)) == ["b", "c", "d", "e"]
     assert read_error_excerpt(str(tmp_path / "missing.json"), None) == []
+    # C++ backtraces (c10 format) are dropped so the message before them shows.
+    se.write_text("[rank 0] hccl watchdog: all_reduce failed: Connection closed by peer\n"
+                  "Exception raised from translate_error at x.cpp:216 (most recent call first):\n"
+                  + "".join(f"frame #{i}: f{i} + 0x1 (0x7f in /lib/libc.so.6)\n" for i in range(30))
+                  + "<omitting python frames>\n[rank 0] hccl watchdog: tearing down the process\n")
+    assert read_error_excerpt(None, str(se), max_lines=2) == [
+        "[rank 0] hccl watchdog: all_reduce failed: Connection closed by peer",
+        "[rank 0] hccl watchdog: tearing down the process"]
 
 
 def test_missing_script_is_a_usage_error(tmp_path, monkeypatch, capsys):

@@ -65,7 +65,7 @@ def test_crashing_worker_fails_job_and_names_rank(tmp_path):
     assert res.returncode == 1, res.output
     failed = [ln for ln in res.summary_lines() if "FAILED" in ln]
     assert len(failed) == 1, res.output
-    assert "rank 1 (local 1) exit code 1" in failed[0]
+    assert "rank 1 (local 1) exit code 1 (first failure)" in failed[0]
     assert "rank 0 (local 0) signal SIGTERM (stopped after the failure)" in failed[0]  # survivor was ended
     details = [ln for ln in res.summary_lines() if ln.startswith("npurun:   rank 1: ")]
     assert any("raise ValueError" in ln for ln in details), res.output

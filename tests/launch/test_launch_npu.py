@@ -63,3 +63,19 @@ def test_two_simulated_nodes_take_internode_path(tmp_path):
             # the hccl group spans two nodes: the exchange between them goes over the inter-node path
             assert (rep["num_nodes"], rep["node_index"], rep["uses_gloo"]) == (2, n, True)
         assert "HCCL_EXEC_TIMEOUT=60" in res.summary_lines()[0]
+
+
+def test_crash_on_one_node_fails_both_nodes(tmp_path):
+    port = free_port()
+    common = ["--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--hccl-timeout", "30", str(SCRIPTS / "crash_after_collective.py")]
+    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], tmp_path) for n in (0, 1)]
+    node0, node1 = [finish(p) for p in procs]
+    assert node0.returncode == 1 and node1.returncode == 1, node0.output + node1.output
+    assert "UNEXPECTED" not in node0.stdout + node1.stdout
+    failed1 = [ln for ln in node1.summary_lines() if "FAILED" in ln][0]
+    assert "rank 3 (local 1) exit code 1" in failed1
+    assert any(ln.endswith("rank 3: RuntimeError: rank 3 dies after the first all_reduce")
+               for ln in node1.summary_lines()), node1.output
+    failed0 = [ln for ln in node0.summary_lines() if "FAILED" in ln][0]
+    assert "node 0 ('sim0'), ranks 0-1 of 4" in failed0 and "rank 0 (local 0)" in failed0, node0.output
