@@ -35,10 +35,10 @@ class JobFacts:
     device: str            # "npu" or "cpu"
     visible: int | None    # visible npu devices (None with --device cpu)
     node_id: str
-    rdzv: str              # "backend endpoint (run id ...)"
+    rdzv: str              # "c10d (standalone)", "static host:port", "c10d host:port id job"
     max_restarts: int
-    worker_env: dict[str, str]
-    binds: bool = True     # False with --no-python: the program starts without the bootstrap  # variables npurun set/passes that matter (HCCL_*, OMP)
+    worker_env: dict[str, str]  # variables that shape the workers (HCCL_*, OMP_NUM_THREADS)
+    binds: bool = True     # False with --no-python: the program starts without the bootstrap
 
 
 def _attempt_errors(info: WorkerGroupInfo) -> str:
