@@ -107,7 +107,9 @@ const WaitTuning& wait_tuning() {
     unsigned hc = std::thread::hardware_concurrency();
     oversubscribed = hc <= 2;
     w.spin_ns = env_ns("NPUDIST_ENGINE_SPIN_US", oversubscribed ? 2 : 20);
-    w.yield_ns = env_ns("NPUDIST_ENGINE_YIELD_US", 300);
+    // Short: a yielding task loses its place to other runnable tasks on a busy machine, while a futex
+    // sleeper is woken (and preferred by the scheduler) as soon as the peer posts.
+    w.yield_ns = env_ns("NPUDIST_ENGINE_YIELD_US", 50);
     return w;
   }();
   return t;
