@@ -10,6 +10,10 @@
 
 namespace npudist::hccl {
 
+namespace {
+const char* const kUserAbortReason = "abort() was called";
+}  // namespace
+
 // ------------------------------------------------------------------------------------------------
 // Watchdog, abort, shutdown
 
@@ -82,6 +86,8 @@ void ProcessGroupHCCL::watchdog_loop() {
         msg = e.what();
       }
       if (user_error) continue;  // bad input: the communicator is intact
+      // Ops failed by a deliberate abort() are the caller's doing: report them, never tear down.
+      if (aborted_ && abort_reason_ == kUserAbortReason) continue;
       // Dump on a communication failure (not on a user abort), and ask the other ranks to dump too.
       if (dump_on_timeout_ && !dumped_ && msg.find("was aborted") == std::string::npos) {
         dump_now(msg);
@@ -128,7 +134,7 @@ void ProcessGroupHCCL::dump_now(const std::string& reason) {
 
 void ProcessGroupHCCL::abort() {
   if (!aborted_.exchange(true)) {
-    abort_reason_ = "abort() was called";
+    abort_reason_ = kUserAbortReason;
   }
   if (comm_) comm_->abort(abort_reason_);
   if (gloo_all_) gloo_all_->abort();
