@@ -18,9 +18,10 @@ GLOBAL_BATCH = 8
 MICRO_GLOBAL = 4   # sequences per micro-step summed over dp ranks -> 2 accumulation steps per optimizer step
 
 
-def make_plan(corpus: str, device: str, dp_shard=1, tp=1, pp=1, schedule="1F1B", virtual=1, tied=False,
-              sequence_parallel=False, loss_parallel=False, ac="none", microbatches=2, tp_plan=None) -> Plan:
-    dp = dp_shard
+def make_plan(corpus: str, device: str, dp_shard=1, dp_replicate=1, tp=1, pp=1, schedule="1F1B", virtual=1, tied=False,
+              sequence_parallel=False, loss_parallel=False, ac="none", ac_policy="layer", microbatches=2,
+              tp_plan=None) -> Plan:
+    dp = dp_shard * dp_replicate
     return Plan(
         model=ModelConfig(vocab_size=256, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
                           max_seq_len=32, tie_embeddings=tied),
@@ -29,11 +30,12 @@ def make_plan(corpus: str, device: str, dp_shard=1, tp=1, pp=1, schedule="1F1B",
         optimizer=OptimizerConfig(lr=2e-3, weight_decay=0.1),
         schedule=ScheduleConfig(warmup_steps=2, decay="cosine", min_lr_ratio=0.1),
         training=TrainingConfig(steps=STEPS, seed=7, max_grad_norm=0.5, device=device),
-        parallel=ParallelConfig(dp_shard_degree=dp_shard, tp_degree=tp, pp_degree=pp,
+        parallel=ParallelConfig(dp_replicate_degree=dp_replicate, dp_shard_degree=dp_shard, tp_degree=tp,
+                                pp_degree=pp,
                                 tp=TPConfig(plan=tp_plan, sequence_parallel=sequence_parallel,
                                             loss_parallel=loss_parallel),
                                 pp=PPConfig(schedule=schedule, microbatches=microbatches, virtual_stages=virtual),
-                                activation_checkpoint=ACConfig(mode=ac)),
+                                activation_checkpoint=ACConfig(mode=ac, selective_policy=ac_policy)),
     )
 
 

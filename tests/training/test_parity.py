@@ -30,6 +30,10 @@ LAYOUTS = {
     "fsdp2_tp2": (4, dict(dp_shard=2, tp=2, sequence_parallel=True, tied=True)),
     "pp2_fsdp2": (4, dict(pp=2, dp_shard=2, schedule="1F1B")),
     "pp2_tp2": (4, dict(pp=2, tp=2, schedule="1F1B", sequence_parallel=True)),
+    # Beyond the required set, cheap (2 ranks): V-shaped zero-bubble schedule, replicate-only data parallel
+    # with selective op-level activation checkpointing.
+    "pp2_zbv": (2, dict(pp=2, schedule="ZBVZeroBubble", virtual=2)),
+    "replicate2": (2, dict(dp_replicate=2, ac="selective", ac_policy="op")),
 }
 
 _REFS: dict = {}
