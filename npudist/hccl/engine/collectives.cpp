@@ -192,7 +192,8 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
   d.extra = mx;
   d.src_addr = reinterpret_cast<uint64_t>(in);
   begin(d, send_counts, recv_counts, send_offsets);
-  const size_t piece = std::max<size_t>(pipe_bytes_ / size_ / 64 * 64, 64);
+  // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
+  const size_t piece = std::max<size_t>(std::min(half_, pipe_bytes_ * size_) / size_ / 64 * 64, 64);
   size_t steps = 0;  // known after the first sync, from every rank's largest split
   for (size_t k = 0; k == 0 || k < steps; ++k) {
     char* w = write_half();
@@ -247,7 +248,8 @@ void ShmCommunicator::scatter(const void* in, void* out, size_t bytes, int root,
   d.src_addr = reinterpret_cast<uint64_t>(in);
   begin(d);
   if (use_direct(bytes * size_)) return scatter_direct(in, out, bytes, root);
-  const size_t piece = std::max<size_t>(pipe_bytes_ / size_ / 64 * 64, 64);
+  // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
+  const size_t piece = std::max<size_t>(std::min(half_, pipe_bytes_ * size_) / size_ / 64 * 64, 64);
   size_t off = 0;
   do {
     const size_t len = std::min(piece, bytes - off);
