@@ -35,6 +35,8 @@ ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment>
   one_shot_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_ONESHOT_KB", 64 * 1024));
   stream_bytes_ = env_kib("NPUDIST_ENGINE_STREAM_KB", 4096 * 1024);
   direct_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_KB", 512 * 1024);
+  // Above a few MiB the staged pipeline, where sender and receiver copy at the same time, wins.
+  direct_max_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_MAX_KB", 8 * 1024 * 1024);
   srcs_.resize(size_);
   ctx_.abort_flag = &seg_->header()->aborted;
   ctx_.peer_alive = [this](int peer) { return process_alive(seg_->ctl(peer)->proc); };

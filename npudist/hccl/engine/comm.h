@@ -60,7 +60,9 @@ class ShmCommunicator final : public Communicator {
 
   // --- direct mode (direct.cpp): peers read each other's buffers with process_vm_readv (one copy) ---
   void probe_direct();
-  bool use_direct(size_t bytes) const { return direct_ok_ && bytes >= direct_bytes_; }
+  bool use_direct(size_t bytes) const {
+    return direct_ok_ && bytes >= direct_bytes_ && bytes < direct_max_bytes_;
+  }
   const OpDesc& peer_desc(int r) const { return seg_->ctl(r)->desc[cur_.step & 1]; }
   void read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes);
   void all_gather_direct(const void* in, void* out, size_t bytes);
@@ -83,7 +85,8 @@ class ShmCommunicator final : public Communicator {
   size_t pipe_bytes_;     // bytes moved per rank per pipelined step (<= half_)
   size_t one_shot_bytes_; // all_reduce/reduce up to this size use the one-shot algorithm
   size_t stream_bytes_;   // ops whose output is at least this large write it with streaming stores
-  size_t direct_bytes_;   // data-movement ops of at least this size use direct mode
+  size_t direct_bytes_;   // data-movement ops in [direct_bytes_, direct_max_bytes_) use direct mode
+  size_t direct_max_bytes_;
   bool direct_ok_ = false;  // every rank can read every peer's memory (agreed at connect)
 
   // Collective state: touched only by the thread issuing collectives.
