@@ -141,6 +141,11 @@ void CachingAllocator::set_config(const AllocatorConfig& cfg) {
   for (auto& d : devices_) d->set_config(cfg);
 }
 
+void CachingAllocator::set_caching(bool enabled) {
+  caching_.store(enabled);
+  for (auto& d : devices_) d->set_caching(enabled);
+}
+
 void CachingAllocator::lock_all() {
   cfg_mu_.lock();
   for (auto& d : devices_) d->mutex().lock();

@@ -4,6 +4,7 @@
 // CUDACachingAllocator / torch_npu's NPUCachingAllocator, over host memory (host_memory.h).
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -147,7 +148,9 @@ class CachingAllocator {
 
   void set_config(const AllocatorConfig& cfg);
   AllocatorConfig config();
-  bool caching_enabled() const { return caching_; }
+  bool caching_enabled() const { return caching_.load(); }
+  // caching_allocator_enable: while off, allocations map their own segment and frees return it.
+  void set_caching(bool enabled);
 
   // Fork safety: hold every allocator lock across fork() so the child never inherits one mid-update.
   void lock_all();
@@ -156,7 +159,7 @@ class CachingAllocator {
  private:
   DeviceAllocator& dev(int device);
   std::shared_ptr<DeviceHooks> hooks_;
-  bool caching_;
+  std::atomic<bool> caching_;
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;
   std::mutex map_mu_;
   std::unordered_map<void*, Block*> live_;  // allocated pointer -> block

@@ -88,6 +88,7 @@ class DeviceAllocator {
   double memory_fraction();
   std::pair<size_t, size_t> mem_info();
   void set_config(const AllocatorConfig& cfg);
+  void set_caching(bool enabled);
 
   std::vector<SegmentInfo> snapshot();
   std::vector<TraceEntry> trace();

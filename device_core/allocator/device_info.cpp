@@ -55,6 +55,11 @@ void DeviceAllocator::set_config(const AllocatorConfig& cfg) {
   stats_.max_split_size = static_cast<int64_t>(std::min<size_t>(cfg_.max_split_size, INT64_MAX));
 }
 
+void DeviceAllocator::set_caching(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  caching_ = enabled;
+}
+
 void DeviceAllocator::attach_oom_observer(OomObserver obs) {
   std::lock_guard<std::mutex> lock(mu_);
   oom_observers_.push_back(std::move(obs));

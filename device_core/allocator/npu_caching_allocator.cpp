@@ -485,6 +485,8 @@ void init_bindings(pybind11::module_& m) {
     }
   });
   m.def("_npu_allocator_settings", &allocator_settings);
+  m.def("_npu_cachingAllocator_enable", [](bool on) { core()->set_caching(on); });
+  m.def("_npu_cachingAllocator_is_enabled", [] { return core()->caching_enabled(); });
   m.def("_npu_change_current_allocator", [](uintptr_t alloc_fn, uintptr_t free_fn) {
     TORCH_CHECK_VALUE(alloc_fn && free_fn, "change_current_allocator: null allocation function");
     TORCH_CHECK(!g_used.load() && !g_plug_alloc.load(),

@@ -8,6 +8,7 @@ function names, arguments and stat keys as ``torch.cuda``, snapshots that PyTorc
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import pickle
@@ -22,6 +23,8 @@ from npudist import _C
 __all__ = [
     "caching_allocator_alloc",
     "caching_allocator_delete",
+    "caching_allocator_disabled",
+    "caching_allocator_enable",
     "change_current_allocator",
     "empty_cache",
     "get_allocator_backend",
@@ -102,6 +105,23 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
 def caching_allocator_delete(mem_ptr: int) -> None:
     """Free memory returned by :func:`caching_allocator_alloc` (ValueError for any other address)."""
     _C._npu_cachingAllocator_raw_delete(int(mem_ptr))
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turn caching on or off at run time (on by default). While off, each allocation gets its own
+    segment and every freed segment goes straight back to the device."""
+    _C._npu_cachingAllocator_enable(bool(value))
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled():
+    """Context manager that disables caching for its body."""
+    prev = _C._npu_cachingAllocator_is_enabled()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(prev)
 
 
 def empty_cache() -> None:

@@ -478,6 +478,22 @@ void test_no_caching() {
   CHECK_EQ(e.st().num_device_alloc, 3);
 }
 
+void test_toggle_caching() {
+  Env e;
+  void* cached = e.a->malloc(0, 5 * MiB, 0);  // 20 MiB segment
+  e.a->set_caching(false);
+  void* a = e.a->malloc(0, 3 * MiB, 0);  // own exact segment, not the cached remainder
+  CHECK_EQ(cur(e.st().reserved_bytes), int64_t(23 * MiB));
+  e.a->free(a);
+  e.a->free(cached);  // whole again: returned right away while caching is off
+  CHECK_EQ(cur(e.st().reserved_bytes), 0);
+  e.a->set_caching(true);
+  void* b = e.a->malloc(0, 5 * MiB, 0);
+  e.a->free(b);
+  CHECK_EQ(cur(e.st().reserved_bytes), int64_t(20 * MiB));
+  CHECK(e.a->caching_enabled());
+}
+
 void test_history() {
   Env e;
   auto tag = std::make_shared<std::string>("ctx-a");
@@ -667,6 +683,7 @@ int main(int argc, char** argv) {
       {"expandable_oom", test_expandable_oom},
       {"garbage_collection", test_garbage_collection},
       {"no_caching", test_no_caching},
+      {"toggle_caching", test_toggle_caching},
       {"history", test_history},
       {"stats_reset", test_stats_reset},
       {"random_stress", test_random_stress},

@@ -164,3 +164,17 @@ def test_set_allocator_settings_validates():
     with pytest.raises(ValueError, match="unknown option 'foo'"):
         torch.npu.memory._set_allocator_settings("foo:1")
     assert torch.npu.memory.get_allocator_backend() == "native"
+
+
+def test_caching_allocator_disabled_context():
+    torch.npu.empty_cache()
+    r0 = torch.npu.memory_reserved()
+    with torch.npu.caching_allocator_disabled():
+        x = torch.empty(3 * MiB, dtype=torch.uint8, device="npu")
+        assert torch.npu.memory_reserved() == r0 + 3 * MiB  # exact segment, no 20 MiB rounding
+        del x
+        assert torch.npu.memory_reserved() == r0  # returned at once
+    y = torch.empty(3 * MiB, dtype=torch.uint8, device="npu")
+    del y
+    assert torch.npu.memory_reserved() == r0 + 20 * MiB  # caching again
+    torch.npu.empty_cache()
