@@ -31,6 +31,14 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline const char* cptr(const void* p, size_t off) { return static_cast<const char*>(p) + off; }
 inline char* mptr(void* p, size_t off) { return static_cast<char*>(p) + off; }
 
+// This rank's own block: a streaming copy when the ranges do not overlap, else memmove.
+void move_own(void* dst, const void* src, size_t bytes, bool stream) {
+  const char* d = static_cast<const char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  if (d + bytes <= s || s + bytes <= d) copy_out(dst, src, bytes, stream);
+  else std::memmove(dst, src, bytes);
+}
+
 }  // namespace
 
 void ShmCommunicator::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
@@ -195,6 +203,9 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
   // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
   const size_t piece = std::max<size_t>(std::min(half_, pipe_bytes_ * size_) / size_ / 64 * 64, 64);
   size_t steps = 0;  // known after the first sync, from every rank's largest split
+  size_t recv_total = 0;
+  for (int j = 0; j < size_; ++j) recv_total += recv_counts[j];
+  const bool stream = recv_total >= stream_bytes_;
   for (size_t k = 0; k == 0 || k < steps; ++k) {
     char* w = write_half();
     const size_t base = k * piece;
@@ -213,11 +224,13 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
     }
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || recv_counts[j] <= base) continue;
-      std::memcpy(mptr(out, recv_offsets[j] + base), read_half(j) + rank_ * piece, std::min(piece, recv_counts[j] - base));
+      copy_out(mptr(out, recv_offsets[j] + base), read_half(j) + rank_ * piece, std::min(piece, recv_counts[j] - base),
+               stream);
     }
   }
   if (send_counts[rank_] && cptr(in, send_offsets[rank_]) != mptr(out, recv_offsets[rank_]))
-    std::memmove(mptr(out, recv_offsets[rank_]), cptr(in, send_offsets[rank_]), send_counts[rank_]);
+    move_own(mptr(out, recv_offsets[rank_]), cptr(in, send_offsets[rank_]), send_counts[rank_], stream);
+  if (stream) stream_fence();
 }
 
 void ShmCommunicator::gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
