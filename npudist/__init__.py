@@ -7,3 +7,13 @@ from npudist import device  # noqa: F401  (registers the npu device; must come f
 from npudist import hccl  # noqa: F401  (registers the hccl backend)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # `npudist.parallelize` is imported lazily: it pulls in FSDP/TP/pipelining, which plain device or
+    # backend users should not pay for at `import npudist`.
+    if name == "parallelize":
+        from npudist.parallelize import parallelize
+
+        return parallelize
+    raise AttributeError(f"module 'npudist' has no attribute {name!r}")
