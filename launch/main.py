@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import sys
 import uuid
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
+    # Until torchelastic installs its handlers (when workers start), Ctrl-C must end npurun at once: a
+    # KeyboardInterrupt would wait for the C++ rendezvous wait to return (up to its 900 s timeout).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     sys.exit(run(argv))
 
 
