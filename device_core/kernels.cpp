@@ -19,6 +19,7 @@ int resolve_device_index(std::optional<c10::Device> device) {
   int n = runtime::device_count();
   TORCH_CHECK_VALUE(idx >= 0 && idx < n, "Invalid npu device index ", idx, ": this process sees ", n,
                     " npu device(s) (set by NPUDIST_DEVICE_COUNT and ASCEND_RT_VISIBLE_DEVICES)");
+  runtime::mark_initialized();  // every npu tensor is born here: the runtime is in use (is_initialized)
   return idx;
 }
 

@@ -181,7 +181,9 @@ void set_current_stream(int device, int64_t stream) {
 }
 
 bool is_initialized() { return g_initialized.load(std::memory_order_relaxed); }
-void mark_initialized() { g_initialized.store(true, std::memory_order_relaxed); }
+void mark_initialized() {
+  if (!g_initialized.load(std::memory_order_relaxed)) g_initialized.store(true, std::memory_order_relaxed);
+}
 
 void check_stream(int64_t stream) {
   if (stream < 0 || stream >= kStreamsPerDevice) {

@@ -2,9 +2,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-import torch
-
 import npudist  # noqa: F401  (registers the npu device)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,9 +16,3 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
-
-
-@pytest.fixture
-def seeded():
-    torch.manual_seed(0)
-    yield

@@ -92,3 +92,10 @@ def test_mixing_devices_raises_pytorch_error():
         torch.mm(torch.ones(2, 2, device="npu"), torch.ones(2, 2))
     # 0-dim CPU tensors mix with device tensors, as on CUDA
     assert torch.equal((a * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+
+
+def test_is_initialized_after_first_use():
+    r = run_python("import npudist, torch; a = torch.npu.is_initialized(); torch.ones(1, device='npu');"
+                   "print(a, torch.npu.is_initialized())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"]
