@@ -188,6 +188,7 @@ def test_segment_left_by_a_crash_in_connect_is_removed_by_the_next_job(driver):
         while not shm_leftovers(name) and time.time() < deadline:
             time.sleep(0.05)
         assert shm_leftovers(name), "rank 0 never created its segment"
+        time.sleep(1.0)  # let it finish initialising the header (it then waits for rank 1 to attach)
     finally:
         proc.kill()
         proc.wait(timeout=10)
