@@ -67,7 +67,9 @@ size_t remove_stale_segments() {
       void* p = mmap(nullptr, sizeof(SegHeader), PROT_READ, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
         const SegHeader* h = static_cast<const SegHeader*>(p);
-        if (h->magic == kMagic) stale = !process_alive(h->creator);
+        // Without a recorded creator (header not initialised yet, or written by an older engine) only
+        // age tells: connect windows last seconds, so ten minutes means nobody will attach any more.
+        if (h->magic == kMagic && h->creator.pid > 0) stale = !process_alive(h->creator);
         else stale = now - st.st_mtime > 600;
         munmap(p, sizeof(SegHeader));
       }
