@@ -65,6 +65,7 @@ class ShmCommunicator final : public Communicator {
   }
   const OpDesc& peer_desc(int r) const { return seg_->ctl(r)->desc[cur_.step & 1]; }
   void read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes);
+  void gather_all_direct(const void* in, void* out, size_t bytes);
   void all_gather_direct(const void* in, void* out, size_t bytes);
   void broadcast_direct(void* buf, size_t bytes, int root);
   void gather_direct(const void* in, void* out, size_t bytes, int root);

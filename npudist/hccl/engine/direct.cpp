@@ -66,14 +66,19 @@ void ShmCommunicator::read_peer(int peer, uint64_t remote_addr, void* local, siz
   }
 }
 
-void ShmCommunicator::all_gather_direct(const void* in, void* out, size_t bytes) {
-  sync();
+// Reads every peer's published source into its slot of `out` and places this rank's own block.
+void ShmCommunicator::gather_all_direct(const void* in, void* out, size_t bytes) {
   for (int k = 1; k < size_; ++k) {
     const int j = (rank_ + k) % size_;
     read_peer(j, peer_desc(j).src_addr, static_cast<char*>(out) + j * bytes, bytes);
   }
   char* mine = static_cast<char*>(out) + rank_ * bytes;
   if (mine != in) std::memmove(mine, in, bytes);
+}
+
+void ShmCommunicator::all_gather_direct(const void* in, void* out, size_t bytes) {
+  sync();
+  gather_all_direct(in, out, bytes);
   sync();
 }
 
@@ -85,14 +90,7 @@ void ShmCommunicator::broadcast_direct(void* buf, size_t bytes, int root) {
 
 void ShmCommunicator::gather_direct(const void* in, void* out, size_t bytes, int root) {
   sync();
-  if (rank_ == root) {
-    for (int k = 1; k < size_; ++k) {
-      const int j = (rank_ + k) % size_;
-      read_peer(j, peer_desc(j).src_addr, static_cast<char*>(out) + j * bytes, bytes);
-    }
-    char* mine = static_cast<char*>(out) + rank_ * bytes;
-    if (mine != in) std::memmove(mine, in, bytes);
-  }
+  if (rank_ == root) gather_all_direct(in, out, bytes);
   sync();
 }
 
