@@ -92,3 +92,9 @@ def worker_lines(result: Result, tag: str) -> dict[int, str]:
             rank = int(ln[len("[rank"):ln.index("]")])
             found[rank] = ln.split(f"]: {tag} ", 1)[1]
     return found
+
+
+def run_two_nodes(common: list[str], cwd: Path) -> list[Result]:
+    """Start two npurun agents (node ranks 0 and 1, node ids sim0/sim1) sharing `common` args; wait for both."""
+    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], cwd) for n in (0, 1)]
+    return [finish(p) for p in procs]

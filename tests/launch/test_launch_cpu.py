@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from launch_helpers import LAUNCH_TIMEOUT, SCRIPTS, collect_lines, finish, free_port, run_npurun, start_npurun, worker_lines
+from launch_helpers import run_two_nodes, LAUNCH_TIMEOUT, SCRIPTS, collect_lines, finish, free_port, run_npurun, start_npurun, worker_lines
 
 
 def _reports(result):
@@ -116,8 +116,7 @@ def test_two_simulated_nodes_on_localhost(tmp_path):
     port = free_port()
     common = ["--device", "cpu", "--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1",
               "--master-port", str(port), str(SCRIPTS / "report_cpu.py")]
-    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], tmp_path) for n in (0, 1)]
-    results = [finish(p) for p in procs]
+    results = run_two_nodes(common, tmp_path)
     for n, res in enumerate(results):
         assert res.returncode == 0, res.output
         reports = _reports(res)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import SCRIPTS, finish, free_port, run_npurun, start_npurun, worker_lines
+from launch_helpers import SCRIPTS, free_port, run_npurun, run_two_nodes, worker_lines
 
 REPORT = str(SCRIPTS / "report_npu.py")
 
@@ -51,8 +51,7 @@ def test_two_simulated_nodes_take_internode_path(tmp_path):
     port = free_port()
     common = ["--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
               "--hccl-timeout", "60", REPORT]
-    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], tmp_path) for n in (0, 1)]
-    results = [finish(p) for p in procs]
+    results = run_two_nodes(common, tmp_path)
     for n, res in enumerate(results):
         assert res.returncode == 0, res.output
         reports = _reports(res)
@@ -69,8 +68,7 @@ def test_crash_on_one_node_fails_both_nodes(tmp_path):
     port = free_port()
     common = ["--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
               "--hccl-timeout", "30", str(SCRIPTS / "crash_after_collective.py")]
-    procs = [start_npurun(["--node-rank", str(n), "--node-id", f"sim{n}", *common], tmp_path) for n in (0, 1)]
-    node0, node1 = [finish(p) for p in procs]
+    node0, node1 = run_two_nodes(common, tmp_path)
     assert node0.returncode == 1 and node1.returncode == 1, node0.output + node1.output
     assert "UNEXPECTED" not in node0.stdout + node1.stdout
     failed1 = [ln for ln in node1.summary_lines() if "FAILED" in ln][0]
