@@ -6,8 +6,12 @@
 // Build: g++ -std=c++17 -O3 -pthread -Inpudist/hccl/engine benchmarks/engine_bench.cpp \
 //            npudist/hccl/engine/*.cpp -o /tmp/engine_bench -lrt
 // Run:   /tmp/engine_bench [nranks=2] [ops=all_reduce,...] [max_mib=128] [VAR=VALUE]
+// With NPUDIST_BENCH_SHARED=1 the buffers live in memfd segments and the communicators get a shared
+// resolver (as npu tensors with the hccl adapter): large ops run zero-copy; compare with
+// NPUDIST_ENGINE_ZERO_COPY=0 as VAR=VALUE.
 // With VAR=VALUE a second communicator is connected with that environment variable set (engine tunables
 // are read at connect) and both are timed in alternating rounds: "B/A" < 1 means the setting is faster.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,6 +87,38 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
   cfg.timeout = std::chrono::seconds(120);
   if (const char* b = getenv("HCCL_BUFFSIZE")) cfg.buffer_bytes = std::stoul(b) << 20;
   FileBootstrap bs(dir);
+  // Buffers: private vectors, or (NPUDIST_BENCH_SHARED=1) two memfd segments with a resolver.
+  const size_t buf_bytes = max_bytes * n;
+  std::vector<char> priv_in, priv_out;
+  char* in_p = nullptr;
+  char* out_p = nullptr;
+  int fds[2] = {-1, -1};
+  if (getenv("NPUDIST_BENCH_SHARED")) {
+    char* bufs[2];
+    for (int i = 0; i < 2; ++i) {
+      fds[i] = memfd_create("engine_bench", MFD_CLOEXEC);
+      if (fds[i] < 0 || ftruncate(fds[i], static_cast<off_t>(buf_bytes)) != 0) throw std::runtime_error("memfd");
+      bufs[i] = static_cast<char*>(mmap(nullptr, buf_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[i], 0));
+    }
+    in_p = bufs[0];
+    out_p = bufs[1];
+    cfg.shared_resolver = [=](const void* p, size_t bytes, SharedBuffer* o) {
+      for (int i = 0; i < 2; ++i) {
+        const char* b = i == 0 ? in_p : out_p;
+        const char* c = static_cast<const char*>(p);
+        if (c >= b && c + bytes <= b + buf_bytes) {
+          *o = SharedBuffer{fds[i], static_cast<uint64_t>(i + 1), buf_bytes, static_cast<uint64_t>(c - b), 0};
+          return true;
+        }
+      }
+      return false;
+    };
+  } else {
+    priv_in.resize(buf_bytes);
+    priv_out.resize(buf_bytes);
+    in_p = priv_in.data();
+    out_p = priv_out.data();
+  }
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.push_back(Communicator::connect(cfg, bs));
   if (!ab.empty()) {
@@ -91,9 +127,9 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
     cfg.name += "_b";
     comms.push_back(Communicator::connect(cfg, bs));
   }
-  std::vector<char> in(max_bytes * n), out(max_bytes * n);
-  std::memset(in.data(), 0, in.size());
-  std::memset(out.data(), 0, out.size());
+  struct Buf { char* p; char* data() const { return p; } } in{in_p}, out{out_p};
+  std::memset(in_p, 0, buf_bytes);
+  std::memset(out_p, 0, buf_bytes);
   std::vector<size_t> counts(n), offs(n);
   uint64_t seq = 0;
   for (const auto& op : ops) {

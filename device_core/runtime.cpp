@@ -7,6 +7,7 @@
 // before it has run. Waits spin briefly, then yield, then sleep (the machine has fewer cores than the
 // threads that wait), and every sleep is bounded so a lost wake-up costs at most a millisecond.
 #include "runtime_internal.h"
+#include "allocator/host_memory.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -412,7 +413,13 @@ namespace {
 void c_launch(int device, int64_t stream, npudist_host_fn fn, void* arg) { launch_host_func(device, stream, fn, arg); }
 void c_sync(int device, int64_t stream) { stream_synchronize(device, stream); }
 int c_query(int device, int64_t stream) { return stream_query(device, stream) ? 1 : 0; }
-const NpudistRuntimeApi g_api = {NPUDIST_RUNTIME_API_VERSION, &c_launch, &c_sync, &c_query};
+int c_shared_lookup(const void* ptr, uint64_t bytes, NpudistSharedRef* ref) {
+  npudist::alloc::SharedSegmentRef r{};
+  if (!ref || !npudist::alloc::lookup_shared_segment(ptr, bytes, &r)) return 0;
+  *ref = NpudistSharedRef{r.fd, r.id, r.size, r.offset, r.epoch};
+  return 1;
+}
+const NpudistRuntimeApi g_api = {NPUDIST_RUNTIME_API_VERSION, &c_launch, &c_sync, &c_query, &c_shared_lookup};
 }  // namespace
 
 const NpudistRuntimeApi* c_api() { return &g_api; }

@@ -40,7 +40,7 @@ def test_runtime_api_address():
     addr = npudist._C._runtime_api()
     assert isinstance(addr, int) and addr != 0
     version = ctypes.c_uint32.from_address(addr).value
-    assert version == 1
+    assert version == 2  # 2: adds shared_memory_lookup (zero-copy collectives)
 
 
 def test_printing_and_pickle():

@@ -33,3 +33,12 @@ def test_hccl_exec_timeout_env():
 @pytest.mark.parametrize("hook", ["", "hook"])
 def test_ddp_on_npu_matches_single_process(hook):
     run_ranks("ddp", 2, args=(hook,) if hook else (), timeout=150)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero_copy_collectives_npu(world_size):
+    run_ranks("zero_copy", world_size, timeout=150)
+
+
+def test_zero_copy_disabled_by_env():
+    run_ranks("zero_copy", 2, env={"NPUDIST_ENGINE_ZERO_COPY": "0"}, timeout=150)

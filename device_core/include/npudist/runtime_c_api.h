@@ -9,9 +9,19 @@
 extern "C" {
 #endif
 
-#define NPUDIST_RUNTIME_API_VERSION 1
+#define NPUDIST_RUNTIME_API_VERSION 2
 
 typedef void (*npudist_host_fn)(void* arg);
+
+// Where a buffer lives inside a shareable device segment (a memfd mapping, see host_memory.h): a peer
+// process on the same host maps it through /proc/<pid>/fd/<fd> and reads/writes the bytes directly.
+typedef struct NpudistSharedRef {
+  int32_t fd;             // the segment's memfd in the owning process
+  uint64_t segment_id;    // unique per process, never reused
+  uint64_t segment_size;  // bytes
+  uint64_t offset;        // of the buffer within the segment
+  uint64_t epoch;         // how many shareable segments the process has released so far
+} NpudistSharedRef;
 
 typedef struct NpudistRuntimeApi {
   uint32_t version;  // NPUDIST_RUNTIME_API_VERSION
@@ -22,6 +32,8 @@ typedef struct NpudistRuntimeApi {
   void (*stream_synchronize)(int device, int64_t stream_id);
   // 1 if the stream's queue is empty (nothing pending), else 0.
   int (*stream_query)(int device, int64_t stream_id);
+  // 1 and *ref filled if [ptr, ptr + bytes) lies inside one shareable device segment, else 0.
+  int (*shared_memory_lookup)(const void* ptr, uint64_t bytes, NpudistSharedRef* ref);
 } NpudistRuntimeApi;
 
 #ifdef __cplusplus

@@ -88,6 +88,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return c10::static_intrusive_pointer_cast<HCCLOptions>(p.getBackendOptions());
       })
       .def_property_readonly("comm_name", &ProcessGroupHCCL::comm_name)
+      .def_property_readonly("zero_copy_ops", &ProcessGroupHCCL::zero_copy_ops)
       .def_property_readonly("num_nodes", [](ProcessGroupHCCL& p) { return p.topology().num_nodes(); })
       .def_property_readonly("node_index", [](ProcessGroupHCCL& p) { return p.topology().node; })
       .def_property_readonly("local_rank", [](ProcessGroupHCCL& p) { return p.topology().local_rank; })

@@ -166,6 +166,16 @@ void ProcessGroupHCCL::connect() {
     const auto& g = options_->global_ranks_in_group;
     cfg.global_ranks.push_back(static_cast<int>(g.size()) == size_ ? static_cast<int>(g[r]) : r);
   }
+  // npu tensors live in shareable memfd segments of the npu allocator: let the engine map peers' tensors.
+  if (g_api && g_api->shared_memory_lookup) {
+    auto lookup = g_api->shared_memory_lookup;
+    cfg.shared_resolver = [lookup](const void* p, size_t bytes, SharedBuffer* out) {
+      NpudistSharedRef r{};
+      if (!lookup(p, bytes, &r)) return false;
+      *out = SharedBuffer{r.fd, r.segment_id, r.segment_size, r.offset, r.epoch};
+      return true;
+    };
+  }
   StoreBootstrap boot(store_, ns + "eng/n" + std::to_string(topo_.node) + "/", connect_timeout_);
   try {
     comm_ = Communicator::connect(cfg, boot);

@@ -126,6 +126,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   // Introspection for Python/tests.
   const Topology& topology() const { return topo_; }
   std::string comm_name() const { return comm_name_; }
+  // Collectives of the intra-node communicator that ran zero-copy (npu tensors in shareable memory).
+  uint64_t zero_copy_ops() const { return comm_ ? comm_->zero_copy_ops() : 0; }
   std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   size_t buffer_bytes() const { return buffer_bytes_; }

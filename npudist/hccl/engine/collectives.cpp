@@ -39,6 +39,12 @@ void move_own(void* dst, const void* src, size_t bytes, bool stream) {
   else std::memmove(dst, src, bytes);
 }
 
+bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  return na && nb && x < y + nb && y < x + na;
+}
+
 }  // namespace
 
 void ShmCommunicator::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
@@ -49,8 +55,15 @@ void ShmCommunicator::all_reduce(const void* in, void* out, size_t count, DataTy
   d.dtype = static_cast<uint8_t>(t);
   d.redop = static_cast<uint8_t>(op);
   d.scale = scale;
+  const size_t bytes = count * element_size(t);
+  // In place or disjoint: each slice is read and written by one rank only.
+  if (zc_candidate(bytes) && (in == out || !overlaps(in, bytes, out, bytes))) publish_shared(d, in, bytes, out, bytes);
   begin(d);
-  if (count * element_size(t) <= one_shot_bytes_) return reduce_one_shot(in, out, count, t, op, -1, scale);
+  if (bytes <= one_shot_bytes_) return reduce_one_shot(in, out, count, t, op, -1, scale);
+  if (zc_candidate(bytes)) {
+    sync();
+    if (all_shared()) return all_reduce_zc(in, out, count, t, op, scale);
+  }
   reduce_pipelined(in, out, count, t, op, -1, scale);
 }
 
@@ -126,7 +139,12 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo&
   require(bytes == 0 || buf, "broadcast got a null buffer");
   OpDesc d = make_desc(OpKind::kBroadcast, info, bytes, root);
   d.src_addr = reinterpret_cast<uint64_t>(buf);
+  if (zc_candidate(bytes)) publish_shared(d, rank_ == root ? buf : nullptr, bytes, nullptr, 0);
   begin(d);
+  if (zc_candidate(bytes)) {
+    sync();
+    if (all_shared()) return broadcast_zc(buf, bytes, root);
+  }
   if (use_direct(bytes)) return broadcast_direct(buf, bytes, root);
   size_t off = 0;
   do {
@@ -143,7 +161,14 @@ void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const 
   require(bytes == 0 || (in && out), "all_gather got a null buffer");
   OpDesc d = make_desc(OpKind::kAllGather, info, bytes, -1);
   d.src_addr = reinterpret_cast<uint64_t>(in);
+  // Peers read `in` while this rank writes the other ranks' blocks of `out`: `in` may only be its own block.
+  const bool in_ok = in == mptr(out, rank_ * bytes) || !overlaps(in, bytes, out, bytes * size_);
+  if (zc_candidate(bytes * size_) && in_ok) publish_shared(d, in, bytes, nullptr, 0);
   begin(d);
+  if (zc_candidate(bytes * size_)) {
+    sync();
+    if (all_shared()) return all_gather_zc(in, out, bytes);
+  }
   if (use_direct(bytes * size_)) return all_gather_direct(in, out, bytes);
   size_t off = 0;
   do {
@@ -167,8 +192,15 @@ void ShmCommunicator::reduce_scatter(const void* in, void* out, size_t count, Da
   d.dtype = static_cast<uint8_t>(t);
   d.redop = static_cast<uint8_t>(op);
   d.scale = scale;
-  begin(d);
   const size_t es = element_size(t);
+  // Peers read the other blocks of `in` while this rank writes `out`: `out` may only alias its own block.
+  const bool out_ok = out == cptr(in, rank_ * count * es) || !overlaps(in, count * es * size_, out, count * es);
+  if (zc_candidate(count * es * size_) && out_ok) publish_shared(d, in, count * es * size_, nullptr, 0);
+  begin(d);
+  if (zc_candidate(count * es * size_)) {
+    sync();
+    if (all_shared()) return reduce_scatter_zc(in, out, count, t, op, scale);
+  }
   const size_t piece = segment_elems(pipe_bytes_, size_, es);
   size_t off = 0;
   do {
@@ -199,7 +231,23 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
   OpDesc d = make_desc(OpKind::kAllToAll, info, 0, -1);
   d.extra = mx;
   d.src_addr = reinterpret_cast<uint64_t>(in);
+  size_t in_extent = 0, out_extent = 0;
+  for (int j = 0; j < size_; ++j) {
+    if (send_counts[j]) in_extent = std::max(in_extent, send_offsets[j] + send_counts[j]);
+    if (recv_counts[j]) out_extent = std::max(out_extent, recv_offsets[j] + recv_counts[j]);
+  }
+  // Peers read `in` while this rank writes `out`, so they must not overlap.
+  if (zc_ok_ && !overlaps(in, in_extent, out, out_extent)) publish_shared(d, in, in_extent, nullptr, 0);
   begin(d, send_counts, recv_counts, send_offsets);
+  if (zc_ok_) {
+    // Split sizes differ per rank, so whether to go zero-copy is only known after every rank's descriptor is
+    // visible: one extra sync on communicators that can do zero-copy at all.
+    sync();
+    size_t global_max = 0;
+    for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, peer_desc(j).extra);
+    if (all_shared() && global_max * size_ >= zc_bytes_)
+      return all_to_all_zc(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
+  }
   // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
   const size_t piece = std::max<size_t>(std::min(half_, pipe_bytes_ * size_) / size_ / 64 * 64, 64);
   size_t steps = 0;  // known after the first sync, from every rank's largest split
@@ -216,7 +264,7 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
     sync();
     if (k == 0) {
       size_t global_max = 0;
-      for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, seg_->ctl(j)->desc[step_ & 1].extra);
+      for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, peer_desc(j).extra);
       steps = std::max<size_t>(1, (global_max + piece - 1) / piece);
       // Every rank sees the same global_max, so all take the same branch (the staged step is ignored).
       if (use_direct(global_max * size_))

@@ -37,12 +37,18 @@ ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment>
   direct_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_KB", 512 * 1024);
   // Above a few MiB the staged pipeline, where sender and receiver copy at the same time, wins.
   direct_max_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_MAX_KB", 8 * 1024 * 1024);
+  zc_bytes_ = env_kib("NPUDIST_ENGINE_ZERO_COPY_KB", 256 * 1024);
   srcs_.resize(size_);
+  peer_maps_.resize(size_);
+  zc_src_.resize(size_);
+  zc_dst_.resize(size_);
   ctx_.abort_flag = &seg_->header()->aborted;
   ctx_.peer_alive = [this](int peer) { return process_alive(seg_->ctl(peer)->proc); };
   ctx_.on_fail = [this](int why, int peer) { fail_wait(why, peer); };
-  probe_direct();
+  probe_peer_access();
 }
+
+ShmCommunicator::~ShmCommunicator() { unmap_all_shared(); }
 
 int ShmCommunicator::global_rank(int r) const {
   return r < static_cast<int>(cfg_.global_ranks.size()) ? cfg_.global_ranks[r] : r;

@@ -18,6 +18,7 @@ namespace npudist::hccl::detail {
 class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment> seg);
+  ~ShmCommunicator() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -38,6 +39,7 @@ class ShmCommunicator final : public Communicator {
   void send(const void* buf, size_t bytes, int peer, int tag) override;
   void recv(void* buf, size_t bytes, int peer, int tag) override;
   void abort(const std::string& reason) override;
+  uint64_t zero_copy_ops() const override { return zc_ops_; }
 
  private:
   // --- step machinery (comm.cpp) ---
@@ -59,7 +61,9 @@ class ShmCommunicator final : public Communicator {
   WaitContext p2p_context(int peer, const std::string& what) const;
 
   // --- direct mode (direct.cpp): peers read each other's buffers with process_vm_readv (one copy) ---
-  void probe_direct();
+  // Connect-time probe of both peer-access paths (direct reads, mapping peers' memfds); sets direct_ok_
+  // and zc_ok_ identically on every rank.
+  void probe_peer_access();
   bool use_direct(size_t bytes) const {
     return direct_ok_ && bytes >= direct_bytes_ && bytes < direct_max_bytes_;
   }
@@ -72,6 +76,22 @@ class ShmCommunicator final : public Communicator {
   void scatter_direct(const void* in, void* out, size_t bytes, int root);
   void all_to_all_direct(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
                          const size_t* recv_counts, const size_t* recv_offsets);
+
+  // --- zero-copy (zero_copy.cpp): peers' shareable buffers mapped and used in place ---
+  // Fills d.zc_* for the buffers peers would touch (src: read by peers; dst: written by peers).
+  void publish_shared(OpDesc& d, const void* src, size_t src_bytes, const void* dst, size_t dst_bytes) const;
+  // Ops whose size is the same on every rank: true if this op may run zero-copy; then the caller syncs
+  // once so all ranks see each other's descriptors and all_shared() decides.
+  bool zc_candidate(size_t bytes) const { return zc_ok_ && bytes >= zc_bytes_; }
+  bool all_shared() const;
+  char* map_shared(int peer, const SharedBuffer& b);
+  void unmap_all_shared();
+  void all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale);
+  void reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale);
+  void all_gather_zc(const void* in, void* out, size_t bytes);
+  void broadcast_zc(void* buf, size_t bytes, int root);
+  void all_to_all_zc(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
+                     const size_t* recv_counts, const size_t* recv_offsets);
 
   // --- algorithms (collectives.cpp) ---
   void reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
@@ -89,6 +109,17 @@ class ShmCommunicator final : public Communicator {
   size_t direct_bytes_;   // data-movement ops in [direct_bytes_, direct_max_bytes_) use direct mode
   size_t direct_max_bytes_;
   bool direct_ok_ = false;  // every rank can read every peer's memory (agreed at connect)
+  bool zc_ok_ = false;      // every rank has a shared resolver and can map peers' memfds (agreed at connect)
+  size_t zc_bytes_;         // zero-copy from this many bytes (largest buffer of the op)
+  uint64_t zc_ops_ = 0;
+  struct PeerMappings {
+    uint64_t epoch = ~uint64_t(0);
+    std::vector<std::pair<uint64_t, std::pair<char*, size_t>>> segs;  // segment id -> (base, size)
+  };
+  std::vector<PeerMappings> peer_maps_;
+  std::vector<const char*> zc_src_;
+  std::vector<char*> zc_dst_;
+  std::vector<char> zc_tmp_;
 
   // Collective state: touched only by the thread issuing collectives.
   uint64_t step_ = 0;

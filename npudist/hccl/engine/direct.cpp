@@ -3,7 +3,10 @@
 // staging slots. Buffer addresses travel in the op descriptors; a final sync keeps every source buffer
 // valid until all readers are done. Whether peers may read each other's memory (ptrace policy, seccomp)
 // is probed once at connect and agreed by all ranks, so every rank always picks the same algorithm.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,32 +18,63 @@
 
 namespace npudist::hccl::detail {
 
-void ShmCommunicator::probe_direct() {
-  // Default: pairs only. Measured here (2 cores), direct reads beat staging by up to 1.3x with 2 ranks
-  // but lose by up to 1.8x with 4, where several readers pin the same process's pages concurrently.
+void ShmCommunicator::probe_peer_access() {
+  // Direct reads default to pairs only. Measured here (2 cores), direct reads beat staging by up to 1.3x
+  // with 2 ranks but lose by up to 1.8x with 4, where several readers pin the same process's pages.
   const char* env = std::getenv("NPUDIST_ENGINE_DIRECT");
   const bool forced = env && std::strcmp(env, "1") == 0;
   const bool off = env && std::strcmp(env, "0") == 0;
   const bool want = size_ > 1 && !off && (forced || size_ == 2);
+  const char* zenv = std::getenv("NPUDIST_ENGINE_ZERO_COPY");
+  const bool want_zc = size_ > 1 && cfg_.shared_resolver && !(zenv && std::strcmp(zenv, "0") == 0);
   volatile uint64_t token = reinterpret_cast<uint64_t>(this) ^ 0x5bd1e995u;
+  // Zero-copy probe: a one-page memfd holding the token, which the next rank maps via /proc/<pid>/fd.
+  int mfd = want_zc ? memfd_create("npudist_probe", MFD_CLOEXEC) : -1;
+  void* mpage = MAP_FAILED;
+  if (mfd >= 0 && ftruncate(mfd, 4096) == 0) mpage = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+  if (mpage != MAP_FAILED) std::memcpy(mpage, const_cast<uint64_t*>(&token), sizeof(uint64_t));
+  seg_->ctl(rank_)->probe_fd = mpage != MAP_FAILED ? mfd : -1;
   OpDesc d = make_desc(OpKind::kBarrier, OpInfo{"connect", 0}, 0, -1);
   d.extra = token;
   d.src_addr = reinterpret_cast<uint64_t>(&token);
   begin(d);
   sync();
+  const int peer = (rank_ + 1) % size_;
   bool ok = false;
   if (want) {
-    const int peer = (rank_ + 1) % size_;
     uint64_t got = 0;
     iovec local{&got, sizeof(got)};
     iovec remote{reinterpret_cast<void*>(peer_desc(peer).src_addr), sizeof(got)};
     ssize_t n = process_vm_readv(seg_->ctl(peer)->proc.pid, &local, 1, &remote, 1, 0);
     ok = n == static_cast<ssize_t>(sizeof(got)) && got == peer_desc(peer).extra;
   }
-  seg_->ctl(rank_)->probe_ok.store(ok ? 1 : 2, std::memory_order_release);
-  sync();  // also keeps `token` alive until every peer has read it
-  direct_ok_ = true;
-  for (int j = 0; j < size_; ++j) direct_ok_ &= seg_->ctl(j)->probe_ok.load(std::memory_order_acquire) == 1;
+  bool zc = false;
+  if (want_zc && seg_->ctl(peer)->probe_fd >= 0) {
+    const std::string path = "/proc/" + std::to_string(seg_->ctl(peer)->proc.pid) + "/fd/" +
+                             std::to_string(seg_->ctl(peer)->probe_fd);
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+      void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      if (p != MAP_FAILED) {
+        uint64_t got;
+        std::memcpy(&got, p, sizeof(got));
+        zc = got == peer_desc(peer).extra;
+        munmap(p, 4096);
+      }
+    }
+  }
+  seg_->ctl(rank_)->probe_ok.store(4u | (ok ? 1u : 0u) | (zc ? 2u : 0u), std::memory_order_release);
+  sync();  // also keeps `token` and the probe page alive until every peer has read them
+  if (mpage != MAP_FAILED) munmap(mpage, 4096);
+  if (mfd >= 0) close(mfd);
+  direct_ok_ = want;
+  zc_ok_ = want_zc;
+  for (int j = 0; j < size_; ++j) {
+    const uint32_t v = seg_->ctl(j)->probe_ok.load(std::memory_order_acquire);
+    direct_ok_ &= (v & 1u) != 0;
+    zc_ok_ &= (v & 2u) != 0;
+  }
 }
 
 void ShmCommunicator::read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes) {

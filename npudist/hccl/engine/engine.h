@@ -49,6 +49,18 @@ struct Bootstrap {
   virtual std::string get(const std::string& key) = 0;
 };
 
+// A buffer inside memory another process on the node can map (a memfd segment of the npu allocator):
+// the engine's peers map it through /proc/<pid>/fd/<fd> and read/write it in place (zero-copy).
+struct SharedBuffer {
+  int32_t fd = -1;
+  uint64_t segment_id = 0;    // unique per process
+  uint64_t segment_size = 0;
+  uint64_t offset = 0;        // of the buffer in the segment
+  uint64_t epoch = 0;         // segments the owner has released so far (peers drop stale mappings)
+};
+// Returns true and fills *out if [ptr, ptr + bytes) is shareable.
+using SharedResolver = std::function<bool(const void* ptr, size_t bytes, SharedBuffer* out)>;
+
 struct CommConfig {
   std::string name;          // unique per job and group; used in shm segment names (/npudist_<name>_...)
   int rank = 0;              // rank among the local ranks of this communicator
@@ -57,6 +69,11 @@ struct CommConfig {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // Optional (additive): global rank of each local rank, used only to name ranks in error messages.
   std::vector<int> global_ranks;
+  // Optional (additive): resolves buffers in shareable memory. When every local rank has one and can map
+  // the others' memfds (probed at connect), large all_reduce, reduce_scatter, all_gather, broadcast and
+  // all_to_all whose buffers are shareable on every rank run zero-copy: each rank reads (and for
+  // all_reduce writes) the peers' buffers in place, one copy per byte and two syncs per op.
+  SharedResolver shared_resolver;
 };
 
 // Per-call description; all ranks' descriptors of one collective are compared (mismatch detection).
@@ -104,6 +121,9 @@ class Communicator {
 
   // Makes every pending and future wait of every local rank fail with kAborted. Safe from any thread.
   virtual void abort(const std::string& reason) = 0;
+
+  // How many collectives ran zero-copy so far (see CommConfig::shared_resolver; for tests and benchmarks).
+  virtual uint64_t zero_copy_ops() const { return 0; }
 };
 
 }  // namespace npudist::hccl

@@ -35,6 +35,10 @@ struct OpDesc {
   char name[40];   // the caller's op name (OpInfo::op), for messages
   uint64_t src_addr;  // this rank's input/output buffer addresses (direct mode reads them with CMA)
   uint64_t dst_addr;
+  // Zero-copy (zero_copy.cpp): where the input/output live in shareable memory, if they do.
+  SharedBuffer zc_src;
+  SharedBuffer zc_dst;
+  uint8_t zc_ok;      // 1: both buffers (those this op uses) are shareable
 };
 
 struct alignas(64) RankCtl {
@@ -46,6 +50,7 @@ struct alignas(64) RankCtl {
   uint64_t a2a[2][3][kMaxRanks];
   uint64_t probe_token;           // connect-time check that peers can read this process's memory
   std::atomic<uint32_t> probe_ok;
+  int32_t probe_fd;               // connect-time check that peers can map this process's memfds
 };
 
 struct ChunkMeta {

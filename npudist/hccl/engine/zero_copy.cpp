@@ -1,0 +1,178 @@
+// Zero-copy collectives: when every rank's buffers live in shareable memory (memfd segments of the npu
+// allocator), each rank maps its peers' segments once (/proc/<pid>/fd/<fd>, cached per segment) and the
+// data moves once: a reading rank copies straight from the peer's buffer into its own, and all_reduce's
+// reducer of a slice reads that slice from every rank and writes the result into every rank's output.
+// Why: with private buffers each byte is copied into the staging slot and out again, and the second read
+// (from another core's cache) costs as much as the first; reads bound a core's bandwidth here, so halving
+// them is the only way to approach the memory system's limit (docs/hccl_engine.md).
+//
+// Every zero-copy op is: a sync (all ranks entered; descriptors with the buffer locations visible), the
+// copy/reduce, a sync (every peer is done with this rank's buffers before anyone returns).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "comm.h"
+#include "diagnostics.h"
+#include "memops.h"
+#include "reduce.h"
+
+namespace npudist::hccl::detail {
+namespace {
+
+inline const char* cptr(const void* p, size_t off) { return static_cast<const char*>(p) + off; }
+inline char* mptr(void* p, size_t off) { return static_cast<char*>(p) + off; }
+
+// Bytes reduced per block: fits L1 with room for the sources' lines.
+constexpr size_t kReduceBlockBytes = 16 * 1024;
+
+}  // namespace
+
+void ShmCommunicator::publish_shared(OpDesc& d, const void* src, size_t src_bytes, const void* dst,
+                                     size_t dst_bytes) const {
+  d.zc_ok = 0;
+  if (!zc_ok_) return;
+  bool ok = true;
+  if (src && src_bytes) ok = cfg_.shared_resolver(src, src_bytes, &d.zc_src);
+  if (ok && dst && dst_bytes) ok = cfg_.shared_resolver(dst, dst_bytes, &d.zc_dst);
+  d.zc_ok = ok ? 1 : 0;
+}
+
+bool ShmCommunicator::all_shared() const {
+  for (int j = 0; j < size_; ++j) {
+    if (!peer_desc(j).zc_ok) return false;
+  }
+  return true;
+}
+
+char* ShmCommunicator::map_shared(int peer, const SharedBuffer& b) {
+  PeerMappings& m = peer_maps_[peer];
+  if (m.epoch != b.epoch) {
+    // The peer released segments since we last looked: drop every mapping so none keeps freed memory alive.
+    for (auto& s : m.segs) munmap(s.second.first, s.second.second);
+    m.segs.clear();
+    m.epoch = b.epoch;
+  }
+  for (auto& s : m.segs) {
+    if (s.first == b.segment_id) return s.second.first + b.offset;
+  }
+  const pid_t pid = seg_->ctl(peer)->proc.pid;
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(b.fd);
+  void* p = MAP_FAILED;
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  int err = errno;
+  if (fd >= 0) {
+    p = mmap(nullptr, b.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    err = errno;
+    close(fd);
+  }
+  if (p == MAP_FAILED) {
+    // Peers already decided on zero-copy for this op: fail all of them now rather than let them time out.
+    std::string msg = "npudist engine: mapping rank " + std::to_string(global_rank(peer)) + "'s device memory (" +
+                      path + ", " + std::to_string(b.segment_size) + " bytes) failed in " + op_kind_name(cur_.kind) +
+                      ": " + std::strerror(err) + " (set NPUDIST_ENGINE_ZERO_COPY=0 on all ranks to use staging copies)";
+    abort(msg);
+    broken_ = EngineError(ErrorKind::kSystem, msg, {global_rank(peer)});
+    throw *broken_;
+  }
+  madvise(p, b.segment_size, MADV_DONTFORK);
+  m.segs.push_back({b.segment_id, {static_cast<char*>(p), static_cast<size_t>(b.segment_size)}});
+  return static_cast<char*>(p) + b.offset;
+}
+
+void ShmCommunicator::unmap_all_shared() {
+  for (auto& m : peer_maps_) {
+    for (auto& s : m.segs) munmap(s.second.first, s.second.second);
+    m.segs.clear();
+  }
+}
+
+void ShmCommunicator::all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                                    double scale) {
+  const size_t es = element_size(t);
+  for (int j = 0; j < size_; ++j) {
+    zc_src_[j] = j == rank_ ? static_cast<const char*>(in) : map_shared(j, peer_desc(j).zc_src);
+    zc_dst_[j] = j == rank_ ? static_cast<char*>(out) : map_shared(j, peer_desc(j).zc_dst);
+  }
+  // This rank's slice, cache-line aligned; nobody else reads or writes it, so in-place calls are safe
+  // (each block is read from every source before it is written to any output).
+  const size_t align = std::max<size_t>(64 / es, 1);
+  const size_t per = (count + size_ - 1) / size_;
+  const size_t slice = (per + align - 1) / align * align;
+  const size_t lo = std::min(count, static_cast<size_t>(rank_) * slice);
+  const size_t hi = std::min(count, lo + slice);
+  const size_t block = std::max<size_t>(kReduceBlockBytes / es, 1);
+  if (zc_tmp_.size() < block * es) zc_tmp_.resize(block * es);
+  const bool stream = count * es >= stream_bytes_;
+  for (size_t b = lo; b < hi; b += block) {
+    const size_t m = std::min(block, hi - b);
+    for (int j = 0; j < size_; ++j) srcs_[j] = zc_src_[j] + b * es;
+    reduce_buffers(t, op, srcs_.data(), size_, zc_tmp_.data(), nullptr, m, scale);
+    for (int k = 0; k < size_; ++k) {
+      const int j = (rank_ + k) % size_;
+      copy_out(zc_dst_[j] + b * es, zc_tmp_.data(), m * es, stream);
+    }
+  }
+  stream_fence();
+  sync();
+  ++zc_ops_;
+}
+
+void ShmCommunicator::reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                                        double scale) {
+  const size_t es = element_size(t);
+  for (int j = 0; j < size_; ++j) {
+    const char* base = j == rank_ ? static_cast<const char*>(in) : map_shared(j, peer_desc(j).zc_src);
+    srcs_[j] = base + rank_ * count * es;
+  }
+  if (count) reduce_buffers(t, op, srcs_.data(), size_, out, nullptr, count, scale, count * es >= stream_bytes_);
+  stream_fence();
+  sync();
+  ++zc_ops_;
+}
+
+void ShmCommunicator::all_gather_zc(const void* in, void* out, size_t bytes) {
+  const bool stream = bytes * size_ >= stream_bytes_;
+  for (int k = 1; k < size_; ++k) {
+    const int j = (rank_ + k) % size_;
+    copy_out(mptr(out, j * bytes), map_shared(j, peer_desc(j).zc_src), bytes, stream);
+  }
+  if (cptr(in, 0) != mptr(out, rank_ * bytes)) std::memmove(mptr(out, rank_ * bytes), in, bytes);
+  stream_fence();
+  sync();
+  ++zc_ops_;
+}
+
+void ShmCommunicator::broadcast_zc(void* buf, size_t bytes, int root) {
+  if (rank_ != root) copy_out(buf, map_shared(root, peer_desc(root).zc_src), bytes, bytes >= stream_bytes_);
+  stream_fence();
+  sync();
+  ++zc_ops_;
+}
+
+// Called after a sync that made every rank's descriptor, counts and offsets visible.
+void ShmCommunicator::all_to_all_zc(const void* in, const size_t* send_counts, const size_t* send_offsets,
+                                    void* out, const size_t* recv_counts, const size_t* recv_offsets) {
+  const int parity = static_cast<int>(cur_.step & 1);
+  size_t recv_total = 0;
+  for (int j = 0; j < size_; ++j) recv_total += recv_counts[j];
+  const bool stream = recv_total >= stream_bytes_;
+  for (int k = 1; k < size_; ++k) {
+    const int j = (rank_ + k) % size_;
+    if (recv_counts[j] == 0) continue;
+    const char* src = map_shared(j, peer_desc(j).zc_src) + seg_->ctl(j)->a2a[parity][2][rank_];
+    copy_out(mptr(out, recv_offsets[j]), src, recv_counts[j], stream);
+  }
+  const char* src = cptr(in, send_offsets[rank_]);
+  char* dst = mptr(out, recv_offsets[rank_]);
+  if (send_counts[rank_] && src != dst) std::memmove(dst, src, send_counts[rank_]);
+  stream_fence();
+  sync();
+  ++zc_ops_;
+}
+
+}  // namespace npudist::hccl::detail
