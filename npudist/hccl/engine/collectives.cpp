@@ -31,14 +31,6 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline const char* cptr(const void* p, size_t off) { return static_cast<const char*>(p) + off; }
 inline char* mptr(void* p, size_t off) { return static_cast<char*>(p) + off; }
 
-// This rank's own block: a streaming copy when the ranges do not overlap, else memmove.
-void move_own(void* dst, const void* src, size_t bytes, bool stream) {
-  const char* d = static_cast<const char*>(dst);
-  const char* s = static_cast<const char*>(src);
-  if (d + bytes <= s || s + bytes <= d) copy_out(dst, src, bytes, stream);
-  else std::memmove(dst, src, bytes);
-}
-
 bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
   const char* x = static_cast<const char*>(a);
   const char* y = static_cast<const char*>(b);
@@ -139,7 +131,7 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo&
   require(bytes == 0 || buf, "broadcast got a null buffer");
   OpDesc d = make_desc(OpKind::kBroadcast, info, bytes, root);
   d.src_addr = reinterpret_cast<uint64_t>(buf);
-  if (zc_candidate(bytes)) publish_shared(d, rank_ == root ? buf : nullptr, bytes, nullptr, 0);
+  if (zc_candidate(bytes)) publish_shared(d, buf, bytes, nullptr, 0);  // read (root) or written (others) by peers
   begin(d);
   if (zc_candidate(bytes)) {
     sync();

@@ -38,6 +38,13 @@ void copy_out(void* dst, const void* src, size_t bytes, bool stream) {
   std::memcpy(dst, src, bytes);
 }
 
+void move_own(void* dst, const void* src, size_t bytes, bool stream) {
+  const char* d = static_cast<const char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  if (d + bytes <= s || s + bytes <= d) copy_out(dst, src, bytes, stream);
+  else std::memmove(dst, src, bytes);
+}
+
 void stream_fence() {
 #if defined(__x86_64__)
   _mm_sfence();

@@ -8,6 +8,8 @@ namespace npudist::hccl::detail {
 
 // memcpy(dst, src, bytes), with streaming stores when `stream` (non-overlapping buffers only).
 void copy_out(void* dst, const void* src, size_t bytes, bool stream);
+// memmove(dst, src, bytes), as copy_out when the ranges do not overlap.
+void move_own(void* dst, const void* src, size_t bytes, bool stream);
 // Orders earlier streaming stores before later stores (call once before an op returns).
 void stream_fence();
 

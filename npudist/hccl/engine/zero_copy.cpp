@@ -141,14 +141,26 @@ void ShmCommunicator::all_gather_zc(const void* in, void* out, size_t bytes) {
     const int j = (rank_ + k) % size_;
     copy_out(mptr(out, j * bytes), map_shared(j, peer_desc(j).zc_src), bytes, stream);
   }
-  if (cptr(in, 0) != mptr(out, rank_ * bytes)) std::memmove(mptr(out, rank_ * bytes), in, bytes);
+  if (cptr(in, 0) != mptr(out, rank_ * bytes)) move_own(mptr(out, rank_ * bytes), in, bytes, stream);
   stream_fence();
   sync();
   ++zc_ops_;
 }
 
+// Every rank (root included) copies a 1/n slice of the root's buffer into every non-root rank's buffer, so
+// all cores copy at once instead of only the receivers.
 void ShmCommunicator::broadcast_zc(void* buf, size_t bytes, int root) {
-  if (rank_ != root) copy_out(buf, map_shared(root, peer_desc(root).zc_src), bytes, bytes >= stream_bytes_);
+  const char* src = rank_ == root ? static_cast<const char*>(buf) : map_shared(root, peer_desc(root).zc_src);
+  for (int j = 0; j < size_; ++j) {
+    if (j != root) zc_dst_[j] = j == rank_ ? static_cast<char*>(buf) : map_shared(j, peer_desc(j).zc_src);
+  }
+  const size_t per = ((bytes + size_ - 1) / size_ + 63) / 64 * 64;
+  const size_t lo = std::min(bytes, static_cast<size_t>(rank_) * per);
+  const size_t hi = std::min(bytes, lo + per);
+  for (int k = 0; k < size_ && hi > lo; ++k) {
+    const int j = (rank_ + k) % size_;
+    if (j != root) copy_out(zc_dst_[j] + lo, src + lo, hi - lo, bytes >= stream_bytes_);
+  }
   stream_fence();
   sync();
   ++zc_ops_;
@@ -169,7 +181,7 @@ void ShmCommunicator::all_to_all_zc(const void* in, const size_t* send_counts, c
   }
   const char* src = cptr(in, send_offsets[rank_]);
   char* dst = mptr(out, recv_offsets[rank_]);
-  if (send_counts[rank_] && src != dst) std::memmove(dst, src, send_counts[rank_]);
+  if (send_counts[rank_] && src != dst) move_own(dst, src, send_counts[rank_], stream);
   stream_fence();
   sync();
   ++zc_ops_;
