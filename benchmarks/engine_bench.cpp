@@ -9,6 +9,7 @@
 // With NPUDIST_BENCH_SHARED=1 the buffers live in memfd segments and the communicators get a shared
 // resolver (as npu tensors with the hccl adapter): large ops run zero-copy; compare with
 // NPUDIST_ENGINE_ZERO_COPY=0 as VAR=VALUE.
+// all_reduce runs in place, as torch.distributed calls it (NPUDIST_BENCH_OUT_OF_PLACE=1: separate output).
 // With VAR=VALUE a second communicator is connected with that environment variable set (engine tunables
 // are read at connect) and both are timed in alternating rounds: "B/A" < 1 means the setting is faster.
 #include <sys/mman.h>
@@ -140,7 +141,7 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
       Communicator* comm = comms[0].get();
       auto call = [&] {
         OpInfo info{op.c_str(), ++seq};
-        if (op == "all_reduce") comm->all_reduce(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum, info);
+        if (op == "all_reduce") comm->all_reduce(in.data(), getenv("NPUDIST_BENCH_OUT_OF_PLACE") ? out.data() : in.data(), count, DataType::kFloat32, ReduceOp::kSum, info);
         else if (op == "broadcast") comm->broadcast(out.data(), bytes, 0, info);
         else if (op == "all_gather") comm->all_gather(in.data(), out.data(), bytes / n, info);
         else if (op == "reduce_scatter") comm->reduce_scatter(in.data(), out.data(), count / n, DataType::kFloat32, ReduceOp::kSum, info);

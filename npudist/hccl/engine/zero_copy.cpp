@@ -107,6 +107,8 @@ void ShmCommunicator::all_reduce_zc(const void* in, void* out, size_t count, Dat
   const size_t hi = std::min(count, lo + slice);
   const size_t block = std::max<size_t>(kReduceBlockBytes / es, 1);
   if (zc_tmp_.size() < block * es) zc_tmp_.resize(block * es);
+  // Streaming stores only into outputs that are not the input: in place, the block was just read and sits
+  // in cache, where plain stores are 1.4-1.9x faster (engine_bench, in-place vs streaming).
   const bool stream = count * es >= stream_bytes_;
   for (size_t b = lo; b < hi; b += block) {
     const size_t m = std::min(block, hi - b);
@@ -114,7 +116,7 @@ void ShmCommunicator::all_reduce_zc(const void* in, void* out, size_t count, Dat
     reduce_buffers(t, op, srcs_.data(), size_, zc_tmp_.data(), nullptr, m, scale);
     for (int k = 0; k < size_; ++k) {
       const int j = (rank_ + k) % size_;
-      copy_out(zc_dst_[j] + b * es, zc_tmp_.data(), m * es, stream);
+      copy_out(zc_dst_[j] + b * es, zc_tmp_.data(), m * es, stream && zc_dst_[j] != zc_src_[j]);
     }
   }
   stream_fence();
