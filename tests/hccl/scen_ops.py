@@ -246,3 +246,26 @@ def p2p_and_misc():
     dist.destroy_process_group()
 
 
+
+
+@scenario
+def async_wait_out_of_order():
+    """Waiting on the last of several queued async collectives first runs them all, in issue order."""
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    init()
+    for _ in range(20):
+        ts = [torch.full((1 << 12,), float(RANK + k), device=device) for k in range(4)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        works[-1].wait()
+        assert all(w.is_completed() for w in works), "earlier queued ops did not complete with the last one"
+        for k, (w, t) in enumerate(zip(works, ts)):
+            w.wait()
+            close(t, torch.full((1 << 12,), float(sum(range(WS)) + WS * k)), f"async all_reduce {k}")
+        # A broadcast after queued all_reduces must see their results (order kept across run_here and lane).
+        w1 = dist.all_reduce(ts[0], async_op=True)
+        w2 = dist.broadcast(ts[0], src=0, async_op=True)
+        w2.wait()
+        w1.wait()
+        close(ts[0], torch.full((1 << 12,), float(WS * sum(range(WS)))), "all_reduce then broadcast")
+    dist.barrier()
+    dist.destroy_process_group()

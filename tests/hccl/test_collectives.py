@@ -18,3 +18,8 @@ def test_every_collective_cpu(world_size):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_p2p_coalesced_objects_functional_async_cpu(world_size):
     run_ranks("p2p_and_misc", world_size, env=ENV, timeout=150)
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_async_wait_out_of_order(device):
+    run_ranks("async_wait_out_of_order", 2, args=(device,), timeout=90)

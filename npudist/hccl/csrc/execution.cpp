@@ -157,7 +157,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   if (s.p2p) {
     p2p_lane(s.peer, s.is_send).submit(std::move(task));
   } else {
-    coll_lane_.submit(std::move(task));
+    work->lane_ = &coll_lane_;
+    work->ticket_ = coll_lane_.submit(std::move(task));
   }
   return work;
 }
@@ -253,6 +254,8 @@ std::exception_ptr WorkHCCL::exception() const {
 
 bool WorkHCCL::wait(std::chrono::milliseconds timeout) {
   observed_ = true;
+  // Not started yet: run it (and anything queued before it) here instead of waking the lane thread.
+  if (lane_ && !isCompleted()) lane_->run_here(ticket_);
   std::unique_lock<std::mutex> lk(mutex_);
   if (timeout == kNoTimeout) {
     cv_.wait(lk, [&] { return completed_; });

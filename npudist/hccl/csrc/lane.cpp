@@ -2,17 +2,43 @@
 
 #include <pthread.h>
 
+#include <vector>
+
 namespace npudist::hccl {
 
 Lane::~Lane() { stop(); }
 
-void Lane::submit(std::function<void()> fn) {
+uint64_t Lane::submit(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
-  queue_.push_back(std::move(fn));
+  const uint64_t ticket = next_ticket_++;
+  queue_.emplace_back(ticket, std::move(fn));
   if (!thread_.joinable() && !stopping_) {
     thread_ = std::thread([this] { loop(); });
   }
   cv_.notify_one();
+  return ticket;
+}
+
+bool Lane::run_here(uint64_t ticket) {
+  std::vector<std::function<void()>> mine;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (running_ != 0 || queue_.empty() || queue_.front().first > ticket || queue_.back().first < ticket) {
+      return false;
+    }
+    while (!queue_.empty() && queue_.front().first <= ticket) {
+      mine.push_back(std::move(queue_.front().second));
+      queue_.pop_front();
+    }
+    ++running_;
+  }
+  for (auto& fn : mine) fn();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    --running_;
+  }
+  cv_.notify_all();
+  return true;
 }
 
 bool Lane::idle() {
@@ -40,9 +66,10 @@ void Lane::loop() {
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
+    // A task taken by run_here keeps the lane from starting the next one (issue order).
+    cv_.wait(lk, [this] { return (stopping_ && queue_.empty()) || (!queue_.empty() && running_ == 0); });
     if (queue_.empty()) return;  // stopping and drained
-    auto fn = std::move(queue_.front());
+    auto fn = std::move(queue_.front().second);
     queue_.pop_front();
     ++running_;
     lk.unlock();

@@ -250,6 +250,8 @@ class WorkHCCL : public c10d::Work {
   std::atomic<bool> error_handled_{false};  // the watchdog acted on its failure
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   ProcessGroupHCCL* pg_;  // valid while the work is outstanding (the group drains before dying)
+  Lane* lane_ = nullptr;  // the collective lane it was queued on (wait() may run it there and then)
+  uint64_t ticket_ = 0;
 };
 
 // Mapping helpers shared by the translation units.
