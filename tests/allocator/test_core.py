@@ -1,5 +1,6 @@
-"""Builds tests/allocator/core_test.cpp against the torch-free allocator core with g++ and runs each of
+"""Builds tests/allocator/core_test_*.cpp against the torch-free allocator core with g++ and runs each of
 its tests (split/merge, rounding, per-stream reuse, record_stream, OOM, expandable segments, ...)."""
+import glob
 import hashlib
 import os
 import re
@@ -13,12 +14,15 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 ALLOC = os.path.join(ROOT, "device_core", "allocator")
 CORE_SOURCES = ["alloc_config.cpp", "host_memory.cpp", "caching_allocator.cpp", "device_allocator.cpp",
                 "device_expandable.cpp", "device_info.cpp"]
-TEST_SRC = os.path.join(HERE, "core_test.cpp")
+TEST_SRCS = sorted(glob.glob(os.path.join(HERE, "core_test_*.cpp")))
 
 
 def _test_names():
-    with open(TEST_SRC) as f:
-        return re.findall(r'\{"(\w+)", test_\w+\}', f.read())
+    names = []
+    for path in TEST_SRCS:
+        with open(path) as f:
+            names += re.findall(r'\{"(\w+)", test_\w+\}', f.read())
+    return names
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +32,11 @@ def core_test_binary():
     flags = ["-std=c++17", "-O1", "-g", "-Wall", "-Werror", "-pthread"]
     if os.environ.get("NPUDIST_TEST_SANITIZE") == "1":
         flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
-    sources = [TEST_SRC] + [os.path.join(ALLOC, s) for s in CORE_SOURCES]
+    sources = TEST_SRCS + [os.path.join(ALLOC, s) for s in CORE_SOURCES]
     # Cached by content under build/ so xdist workers and reruns share one build.
     h = hashlib.sha1(" ".join(flags).encode())
-    for path in sources + [os.path.join(ALLOC, n) for n in os.listdir(ALLOC) if n.endswith(".h")]:
+    headers = [os.path.join(ALLOC, n) for n in os.listdir(ALLOC) if n.endswith(".h")]
+    for path in sources + headers + glob.glob(os.path.join(HERE, "*.h")):
         with open(path, "rb") as f:
             h.update(f.read())
     cache = os.path.join(ROOT, "build", "alloc_core_test")
@@ -39,7 +44,7 @@ def core_test_binary():
     out = os.path.join(cache, "core_test-" + h.hexdigest()[:16])
     if not os.path.exists(out):
         tmp = f"{out}.{os.getpid()}.tmp"
-        cmd = ["g++", *flags, "-I" + ALLOC, *sources, "-o", tmp]
+        cmd = ["g++", *flags, "-I" + ALLOC, "-I" + HERE, *sources, "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         assert res.returncode == 0, res.stderr[-4000:]
         os.replace(tmp, out)
@@ -48,7 +53,7 @@ def core_test_binary():
 
 def test_every_core_test_is_collected(core_test_binary):
     listed = subprocess.run([core_test_binary, "--list"], capture_output=True, text=True, timeout=30)
-    assert listed.stdout.split() == _test_names()
+    assert sorted(listed.stdout.split()) == sorted(_test_names())
 
 
 @pytest.mark.parametrize("name", _test_names())

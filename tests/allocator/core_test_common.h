@@ -1,0 +1,108 @@
+// Shared helpers of the allocator core unit tests (core_test_*.cpp): checks, faked device hooks, an
+// allocator environment, the stats/snapshot invariant, and the test registry used by core_test_main.cpp.
+#pragma once
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "caching_allocator.h"
+
+using namespace npudist::alloc;  // NOLINT: test code
+
+// Every core_test_*.cpp registers its tests here; `core_test <name>` runs one, `--list` lists them.
+using CoreTest = std::pair<const char*, void (*)()>;
+std::vector<CoreTest>& core_tests();
+struct RegisterCoreTests {
+  RegisterCoreTests(std::initializer_list<CoreTest> tests) {
+    for (const auto& t : tests) core_tests().push_back(t);
+  }
+};
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      std::ostringstream os_;                                                         \
+      os_ << __FILE__ << ":" << __LINE__ << ": CHECK failed: " #cond;                \
+      throw std::runtime_error(os_.str());                                            \
+    }                                                                                 \
+  } while (0)
+#define CHECK_EQ(a, b)                                                                \
+  do {                                                                                \
+    auto va_ = (a);                                                                   \
+    auto vb_ = (b);                                                                   \
+    if (!(va_ == vb_)) {                                                              \
+      std::ostringstream os_;                                                         \
+      os_ << __FILE__ << ":" << __LINE__ << ": " #a " == " #b " failed: " << va_      \
+          << " vs " << vb_;                                                           \
+      throw std::runtime_error(os_.str());                                            \
+    }                                                                                 \
+  } while (0)
+
+inline constexpr size_t MiB = 1 << 20;
+
+// Markers complete only when the test says so, like a stream with queued work.
+struct FakeMarker {
+  bool done = false;
+};
+
+struct FakeHooks : DeviceHooks {
+  size_t capacity = 256 * MiB;
+  std::vector<std::shared_ptr<FakeMarker>> markers;
+  int waits = 0;
+  int device_count() override { return 2; }
+  size_t device_capacity(int) override { return capacity; }
+  std::shared_ptr<void> record_marker(int, int64_t) override {
+    auto m = std::make_shared<FakeMarker>();
+    markers.push_back(m);
+    return m;
+  }
+  bool marker_done(const std::shared_ptr<void>& m) override {
+    return static_cast<FakeMarker*>(m.get())->done;
+  }
+  void marker_wait(const std::shared_ptr<void>& m) override {
+    ++waits;
+    static_cast<FakeMarker*>(m.get())->done = true;
+  }
+};
+
+struct Env {
+  std::shared_ptr<FakeHooks> hooks = std::make_shared<FakeHooks>();
+  std::unique_ptr<CachingAllocator> a;
+  explicit Env(const std::string& conf = "", bool caching = true, size_t capacity = 256 * MiB) {
+    hooks->capacity = capacity;
+    a = std::make_unique<CachingAllocator>(hooks, parse_allocator_config(conf), caching);
+  }
+  DeviceStats st(int d = 0) { return a->stats(d); }
+};
+
+inline int64_t cur(const StatArray& s, StatType t = kAggregate) { return s[t].current; }
+inline uintptr_t U(void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// Consistency of stats with the snapshot: every byte reserved is in exactly one segment, blocks tile
+// their segment, and allocated bytes equal the active_allocated blocks.
+inline void check_invariants(CachingAllocator& a, int device = 0) {
+  DeviceStats s = a.stats(device);
+  size_t reserved = 0, allocated = 0;
+  for (const SegmentInfo& seg : a.snapshot()) {
+    if (seg.device != device) continue;
+    reserved += seg.total_size;
+    uintptr_t addr = seg.address;
+    for (const BlockInfo& b : seg.blocks) {
+      CHECK_EQ(b.address, addr);
+      addr += b.size;
+      if (b.state == BlockState::kActiveAllocated) allocated += b.size;
+    }
+    CHECK_EQ(addr, seg.address + seg.total_size);
+  }
+  CHECK_EQ(static_cast<int64_t>(reserved), cur(s.reserved_bytes));
+  CHECK_EQ(static_cast<int64_t>(allocated), cur(s.allocated_bytes));
+  CHECK_EQ(cur(s.reserved_bytes), cur(s.reserved_bytes, kSmallPool) + cur(s.reserved_bytes, kLargePool));
+}
