@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from npudist.data import TextDataset
 from npudist.models import build_model
-from npudist.plan import (ACConfig, DataConfig, ModelConfig, OptimizerConfig, ParallelConfig, Plan, PPConfig,
-                          ScheduleConfig, TPConfig, TrainingConfig)
+from npudist.plan import (ACConfig, DataConfig, FSDPConfig, ModelConfig, OptimizerConfig, ParallelConfig,
+                          Plan, PPConfig, ScheduleConfig, TPConfig, TrainingConfig)
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 
 STEPS = 5
@@ -20,7 +20,7 @@ MICRO_GLOBAL = 4   # sequences per micro-step summed over dp ranks -> 2 accumula
 
 def make_plan(corpus: str, device: str, dp_shard=1, dp_replicate=1, tp=1, pp=1, schedule="1F1B", virtual=1, tied=False,
               sequence_parallel=False, loss_parallel=False, ac="none", ac_policy="layer", microbatches=2,
-              tp_plan=None) -> Plan:
+              tp_plan=None, cpu_offload=False) -> Plan:
     dp = dp_shard * dp_replicate
     return Plan(
         model=ModelConfig(vocab_size=256, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
@@ -31,7 +31,7 @@ def make_plan(corpus: str, device: str, dp_shard=1, dp_replicate=1, tp=1, pp=1, 
         schedule=ScheduleConfig(warmup_steps=2, decay="cosine", min_lr_ratio=0.1),
         training=TrainingConfig(steps=STEPS, seed=7, max_grad_norm=0.5, device=device),
         parallel=ParallelConfig(dp_replicate_degree=dp_replicate, dp_shard_degree=dp_shard, tp_degree=tp,
-                                pp_degree=pp,
+                                pp_degree=pp, fsdp=FSDPConfig(cpu_offload=cpu_offload),
                                 tp=TPConfig(plan=tp_plan, sequence_parallel=sequence_parallel,
                                             loss_parallel=loss_parallel),
                                 pp=PPConfig(schedule=schedule, microbatches=microbatches, virtual_stages=virtual),

@@ -34,6 +34,8 @@ LAYOUTS = {
     # with selective op-level activation checkpointing.
     "pp2_zbv": (2, dict(pp=2, schedule="ZBVZeroBubble", virtual=2)),
     "replicate2": (2, dict(dp_replicate=2, ac="selective", ac_policy="op")),
+    # FSDP with parameters, gradients and optimizer state offloaded to host memory (CPUOffloadPolicy).
+    "fsdp2_cpu_offload": (2, dict(dp_shard=2, cpu_offload=True)),
     # 3-D (pp x dp_shard x tp) needs 8 ranks: more than the suite starts on a 2-core machine, so it runs only
     # when NPUDIST_TEST_MAX_RANKS >= 8 (measured 2026-12-02: passes in 21 s on 2 idle cores).
     "pp2_fsdp2_tp2": (8, dict(pp=2, dp_shard=2, tp=2, schedule="1F1B", sequence_parallel=True)),
