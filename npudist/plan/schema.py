@@ -96,6 +96,17 @@ class LoggingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Model, optimizer, LR schedule, data position and step, saved with torch.distributed.checkpoint.
+    Field names are torchtitan's ([checkpoint] section)."""
+    enable_checkpoint: bool = False
+    folder: str = "checkpoints"            # one step-<N> subfolder per save
+    interval: int = 500                    # save every `interval` steps, and after the last step
+    load_step: int = -1                    # resume from step-<N>; -1 = the newest in `folder`; 0 = fresh start
+    keep_latest_k: int = 0                 # delete all but the newest k saves (0 = keep all)
+
+
+@dataclass
 class FSDPConfig:
     reshard_after_forward: bool = True
     param_dtype: DType = "float32"         # dtype of all-gathered parameters for compute
@@ -219,12 +230,13 @@ class Plan:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
-    SECTIONS = ("model", "data", "optimizer", "schedule", "training", "logging", "parallel")
+    SECTIONS = ("model", "data", "optimizer", "schedule", "training", "logging", "parallel", "checkpoint")
 
 
 __all__ = [
     "Plan", "ModelConfig", "DataConfig", "OptimizerConfig", "ScheduleConfig", "TrainingConfig",
-    "LoggingConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig", "ACConfig", "ParallelDegrees",
+    "LoggingConfig", "CheckpointConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig", "ACConfig", "ParallelDegrees",
     "MULTI_STAGE_SCHEDULES", "V_SHAPED_SCHEDULES",
 ]

@@ -62,6 +62,14 @@ def _check_training(c: _Checks, p: Plan) -> None:
     t, o, s, lg = p.training, p.optimizer, p.schedule, p.logging
     _positive(c, t, "training", ("steps",))
     _positive(c, lg, "logging", ("log_every",))
+    ck = p.checkpoint
+    _positive(c, ck, "checkpoint", ("interval",))
+    if ck.load_step < -1:
+        c.fail("checkpoint.load_step", f"must be a step >= 1, 0 (fresh start) or -1 (newest), got {ck.load_step}")
+    if ck.keep_latest_k < 0:
+        c.fail("checkpoint.keep_latest_k", f"must be >= 0 (0 keeps all), got {ck.keep_latest_k}")
+    if ck.enable_checkpoint and not ck.folder:
+        c.fail("checkpoint.folder", "must name a directory when checkpoint.enable_checkpoint is true")
     if t.max_grad_norm is not None and t.max_grad_norm <= 0:
         c.fail("training.max_grad_norm", f"must be > 0 (or null to disable clipping), got {t.max_grad_norm}")
     if t.backend == "hccl" and t.device != "npu":

@@ -19,6 +19,7 @@ from npudist.data import TextDataset, default_corpus_path
 from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
 from npudist.models import build_model
 from npudist.parallelize import parallelize
+from npudist.train.checkpoint import Checkpointer
 from npudist.train.metrics import MetricsLogger
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 from npudist.train.seed import set_seed
@@ -97,9 +98,13 @@ def _train(plan, rank: int, world: int, log_stream) -> RunResult:
                    f"data {os.path.basename(path)} ({dataset.num_windows} windows of {plan.data.seq_len}) | "
                    f"global batch {plan.data.global_batch_size} = micro {plan.data.micro_batch_size} x dp {dp} "
                    f"x accum {accum} | {steps} steps")
+    ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, dp_rank, steps)
+    start = ckpt.load()
+    if start:
+        logger.message(f"resumed from {plan.checkpoint.folder}/step-{start}")
     losses, rates = [], []
     try:
-        for step in range(1, steps + 1):
+        for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()
             batches = [dataset.next_batch() for _ in range(accum)]
             lr = scheduler.get_last_lr()[0]
@@ -113,7 +118,9 @@ def _train(plan, rank: int, world: int, log_stream) -> RunResult:
             losses.append(loss)
             rates.append(tokens_per_step / dt)
             logger.log(step, loss, lr, grad_norm, dt)
+            ckpt.maybe_save(step)
     finally:
         logger.close()
     steady = sorted(rates[1:] or rates)
-    return RunResult(losses=losses, tokens_per_s=steady[len(steady) // 2], final_step=len(losses))
+    return RunResult(losses=losses, tokens_per_s=steady[len(steady) // 2] if steady else 0.0,
+                     final_step=start + len(losses))
