@@ -277,6 +277,15 @@ def test_optimizer_and_schedule_ranges():
                     "optimizer.weight_decay", "schedule.warmup_steps", "schedule.min_lr_ratio"]
 
 
+def test_checkpoint_ranges():
+    errs = errors_of({"checkpoint": {"enable_checkpoint": True, "folder": "", "interval": 0, "load_step": -2,
+                                     "keep_latest_k": -1}})
+    keys = [e.split(":")[0] for e in errs]
+    assert keys == ["checkpoint.interval", "checkpoint.load_step", "checkpoint.keep_latest_k",
+                    "checkpoint.folder"], errs
+    one_error({"checkpoint": {"intervall": 5}}, "checkpoint.intervall", "interval")
+
+
 # --- all at once ------------------------------------------------------------------------------------------
 
 def test_all_errors_reported_at_once():
