@@ -58,7 +58,7 @@ def _extensions():
 ext_modules, cmdclass = _extensions()
 
 setup(
-    packages=["npudist"] + ["npudist." + p for p in (
+    packages=["npudist", "torch_npu"] + ["npudist." + p for p in (
         "device", "hccl", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")],
     package_dir={"npudist.launch": "launch"},
     ext_modules=ext_modules,
