@@ -17,5 +17,8 @@ info = {
     "job_id": os.environ.get("NPUDIST_JOB_ID"), "run_id": os.environ["TORCHELASTIC_RUN_ID"],
     "hccl_timeout": os.environ.get("HCCL_EXEC_TIMEOUT"), "hccl_buffsize": os.environ.get("HCCL_BUFFSIZE"),
 }
-print("REPORT " + json.dumps(info), flush=True)
+# One write() per line: with PYTHONUNBUFFERED=1, print() writes text and newline separately, and under
+# `--tee 0` both ranks share one stdout, so their lines could interleave mid-line.
+sys.stdout.write("REPORT " + json.dumps(info) + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()

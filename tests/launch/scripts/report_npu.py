@@ -1,5 +1,6 @@
 """Worker for npu launcher tests: device binding as the script sees it, then an all_reduce over hccl."""
 import json
+import sys
 import os
 
 import torch
@@ -18,5 +19,8 @@ info = {
     "num_nodes": hccl.num_nodes, "node_index": hccl.node_index, "uses_gloo": hccl.uses_gloo,
     "buffer_mb": hccl.buffer_bytes >> 20, "node_id": os.environ.get("NPUDIST_NODE_ID"),
 }
-print("REPORT " + json.dumps(info), flush=True)
+# One write() per line: with PYTHONUNBUFFERED=1, print() writes text and newline separately, and under
+# `--tee 0` both ranks share one stdout, so their lines could interleave mid-line.
+sys.stdout.write("REPORT " + json.dumps(info) + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()
