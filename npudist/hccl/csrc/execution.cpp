@@ -114,6 +114,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   if (!s.async && !s.p2p && coll_lane_.idle()) {
     // Synchronous op on the caller's thread: ordered after the current stream by draining it.
     if (stream_busy) api->stream_synchronize(device, cur_stream);
+    work->observed_ = true;  // c10d waits on a synchronous op right away: its caller gets any error
     execute(work);
     return work;
   }

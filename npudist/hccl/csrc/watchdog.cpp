@@ -106,6 +106,12 @@ void ProcessGroupHCCL::watchdog_loop() {
         }
       }
       if (async_error_handling_ == 1 || async_error_handling_ == 3) {
+        if (w->observed_) {
+          // The error also reached the caller, whose own exit (a traceback, torchelastic's error file) must
+          // not be cut off half-written: tear down only if the process is still alive after a grace period.
+          std::unique_lock<std::mutex> g(works_mu_);
+          if (watchdog_cv_.wait_for(g, std::chrono::seconds(3), [this] { return watchdog_stop_; })) return;
+        }
         fprintf(stderr,
                 "[rank %d] hccl watchdog: %s\n[rank %d] hccl watchdog: tearing down the process "
                 "(TORCH_HCCL_ASYNC_ERROR_HANDLING=%d; set TORCH_HCCL_BLOCKING_WAIT=1 or "
