@@ -1,4 +1,5 @@
 // all_to_all (single and list), gather, scatter, send/recv and barrier of ProcessGroupHCCL.
+#include <functional>
 #include <numeric>
 
 #include "op_utils.h"
@@ -81,6 +82,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor
   return launch(std::move(s));
 }
 
+namespace {
+
+// The root's gather_list / scatter_list: one tensor per rank, each like `ref` (`ref_name` in messages);
+// the other ranks pass none.
+std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& ref,
+                                  bool is_root, int root, int size, const char* op, const char* list,
+                                  const char* ref_name, const std::function<void(const at::Tensor&)>& check) {
+  if (!is_root) {
+    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(),
+                      "hccl ", op, ": only the root (rank ", root, ") may pass a ", list);
+    return {};
+  }
+  TORCH_CHECK_VALUE(lists.size() == 1 && static_cast<int>(lists[0].size()) == size,
+                    "hccl ", op, ": the root needs a ", list, " with one tensor per rank (", size, ")");
+  for (const auto& t : lists[0]) {
+    check(t);
+    check_same_device(t, ref, op);
+    TORCH_CHECK_VALUE(t.numel() == ref.numel() && t.scalar_type() == ref.scalar_type(),
+                      "hccl ", op, ": ", list, " tensors must match the ", ref_name, " (", ref.numel(),
+                      " elements of ", ref.scalar_type(), ")");
+  }
+  return lists[0];
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
@@ -89,22 +116,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<
   check_tensor(in, "gather", "input");
   const int root = static_cast<int>(opts.rootRank);
   check_rank(root, "gather", "root");
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
-                      "hccl gather: the root needs a gather_list with one tensor per rank (", size_, ")");
-    outs = outputs[0];
-    for (const auto& o : outs) {
-      check_tensor(o, "gather", "gather_list entry");
-      check_same_device(o, in, "gather");
-      TORCH_CHECK_VALUE(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
-                        "hccl gather: gather_list tensors must match the input (", in.numel(),
-                        " elements of ", in.scalar_type(), ")");
-    }
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
-                      "hccl gather: only the root (rank ", root, ") may pass a gather_list");
-  }
+  auto check = [this](const at::Tensor& t) { check_tensor(t, "gather", "gather_list entry"); };
+  std::vector<at::Tensor> outs =
+      root_list(outputs, in, rank_ == root, root, size_, "gather", "gather_list", "input", check);
   HCCL_SPEC(s, c10d::OpType::GATHER, "gather", {in}, outs, opts.asyncOp);
   s.dtype = c10::toString(in.scalar_type());
   s.root = root;
@@ -128,22 +142,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>
   check_tensor(out, "scatter", "output");
   const int root = static_cast<int>(opts.rootRank);
   check_rank(root, "scatter", "root");
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
-                      "hccl scatter: the root needs a scatter_list with one tensor per rank (", size_, ")");
-    ins = inputs[0];
-    for (const auto& t : ins) {
-      check_tensor(t, "scatter", "scatter_list entry");
-      check_same_device(t, out, "scatter");
-      TORCH_CHECK_VALUE(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
-                        "hccl scatter: scatter_list tensors must match the output (", out.numel(),
-                        " elements of ", out.scalar_type(), ")");
-    }
-  } else {
-    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(),
-                      "hccl scatter: only the root (rank ", root, ") may pass a scatter_list");
-  }
+  auto check = [this](const at::Tensor& t) { check_tensor(t, "scatter", "scatter_list entry"); };
+  std::vector<at::Tensor> ins =
+      root_list(inputs, out, rank_ == root, root, size_, "scatter", "scatter_list", "output", check);
   HCCL_SPEC(s, c10d::OpType::SCATTER, "scatter", ins, {out}, opts.asyncOp);
   s.dtype = c10::toString(out.scalar_type());
   s.root = root;
