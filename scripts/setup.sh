@@ -9,11 +9,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=.venv/bin/python
 stamp=.setup-stamp
-want=$(cat pyproject.toml setup.py | sha1sum | cut -c1-12)
+want=$(cat pyproject.toml setup.py requirements-test.txt | sha1sum | cut -c1-12)
 if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   # torch is pinned exactly: a looser pin pulls a multi-GB CUDA build.
   $VPY -m pip install -q --disable-pip-version-check "torch==2.13.0" pyyaml numpy pybind11 ninja \
       pytest pytest-xdist pytest-timeout 2>&1 | grep -v '^WARNING: Location' || true
+  # Test-only dependencies (pinned; not runtime dependencies of npudist).
+  $VPY -m pip install -q --disable-pip-version-check -r requirements-test.txt 2>&1 | grep -v '^WARNING: Location' || true
   $VPY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch 2.13.0 required')"
   # Package metadata + console scripts (npurun, npudist) without compiling; extensions are built below.
   NPUDIST_SKIP_EXT=1 $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
