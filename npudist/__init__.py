@@ -1,19 +1,40 @@
 """npudist: distributed training for PyTorch on (emulated) NPU devices.
 
-Importing npudist registers the ``npu`` device (``torch.npu``, ``tensor.npu()``, ``torch.device("npu:0")``)
-and the ``hccl`` process-group backend, so ``init_process_group("hccl")`` works afterwards.
-"""
-from npudist import device  # noqa: F401  (registers the npu device; must come first)
-from npudist import hccl  # noqa: F401  (registers the hccl backend)
+Registration of the ``npu`` device (``torch.npu``, ``tensor.npu()``, ``torch.device("npu:0")``) and of the
+``hccl`` process-group backend happens in one of two ways:
 
+* automatically at ``import torch``: npudist is a PyTorch out-of-tree device backend (entry point group
+  ``torch.backends``, as torch_npu), so with npudist installed ``import torch`` alone brings ``torch.npu``
+  and ``init_process_group("hccl")``. ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off;
+* explicitly: ``npudist.register()`` (or ``import npudist.device`` for the device, ``import npudist.hccl``
+  for the backend).
+
+``import npudist`` itself does no work, so the torch-free layers (``npudist.plan``, ``npudist.models``,
+the ``npudist`` command) load neither torch nor a C++ extension.
+"""
 __version__ = "0.1.0"
 
 
-def __getattr__(name):
-    # `npudist.parallelize` is imported lazily: it pulls in FSDP/TP/pipelining, which plain device or
-    # backend users should not pay for at `import npudist`.
-    if name == "parallelize":
-        from npudist.parallelize import parallelize
+def register() -> None:
+    """Register the npu device and the hccl backend (idempotent). Raises ImportError/OSError naming the
+    missing piece if a C++ extension cannot be loaded."""
+    import npudist.device  # noqa: F401  (the npu device; must come first: hccl hands it the runtime)
+    import npudist.hccl  # noqa: F401
 
-        return parallelize
-    raise AttributeError(f"module 'npudist' has no attribute {name!r}")
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at the end of ``import torch`` (group ``torch.backends``).
+
+    torch turns any exception here into a RuntimeError that makes ``import torch`` itself fail, for every
+    program in the environment. A broken npudist (say, extensions not built) must not do that: it warns
+    with the cause and the fix, and torch works without the npu device."""
+    try:
+        register()
+    except Exception as e:  # noqa: BLE001 - any failure: report, keep torch importable
+        import warnings
+        warnings.warn(
+            f"npudist: the npu device and hccl backend were not registered at `import torch` "
+            f"({type(e).__name__}: {e}). torch works without them. Fix the cause above (an extension that is not "
+            "built: `pip install --no-build-isolation -e .` in the npudist checkout), or set "
+            "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop loading npudist with torch. `npudist.register()` raises "
+            "the full error.", RuntimeWarning, stacklevel=2)

@@ -6,6 +6,10 @@
 
 TP must precede FSDP so that FSDP shards the already tensor-parallel DTensors along the data-parallel mesh
 dim (2-D parameters); AC must precede FSDP so FSDP's hooks surround the recomputed region.
+
+The model is known only through its spec (``npudist.models``, picked by ``plan.model.name``): block names
+for the pipeline split, FSDP units and activation checkpointing, the head for loss parallelism, the
+built-in TP plan.
 """
 from __future__ import annotations
 
@@ -17,10 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from npudist.fsdp import apply_activation_checkpointing, apply_fsdp
+from npudist.loss import cross_entropy_loss, loss_context
 from npudist.mesh import get_dp_mesh, get_fsdp_mesh, get_pp_mesh, get_tp_mesh
+from npudist.models import get_model_spec, model_layout
 from npudist.pp import build_pipeline
 from npudist.tp import apply_tp
-from npudist.train.loss import cross_entropy_loss, loss_context
+
 
 @dataclass
 class ParallelModel:
@@ -83,6 +89,19 @@ def resolve_device(device_type: str) -> torch.device:
     return torch.device(device_type, mod.current_device())
 
 
+def _builtin_tp(spec, layout):
+    if spec.tp_plan is None or not callable(spec.tp_plan):
+        return spec.tp_plan
+    return lambda part, tp_cfg: spec.tp_plan(part, layout, tp_cfg)
+
+
+def _retie(model: nn.Module, tied) -> None:
+    """Re-share tied weights after ``.to(device)``: Module.to keeps shared parameters shared only for device
+    types PyTorch knows as shallow-copy compatible (CPU, CUDA, ...), not for PrivateUse1 devices like npu."""
+    for owner, user in tied:
+        model.get_submodule(user).weight = model.get_submodule(owner).weight
+
+
 def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callable | None = None,
                 n_microbatches: int | None = None) -> ParallelModel:
     """Parallelize ``model`` (already initialised, identically on every rank) per ``plan.parallel``.
@@ -91,8 +110,14 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
     absent) or is None for a single process. The model is moved to ``plan.training.device`` first.
     """
     par = plan.parallel
+    spec = get_model_spec(plan.model.name)
+    problems = spec.check(plan.model, par)
+    if problems:
+        raise ValueError(f"model {plan.model.name!r} cannot run this plan: " + "; ".join(problems))
+    layout = model_layout(plan.model)
     device = resolve_device(plan.training.device)
     model = model.to(device)
+    _retie(model, layout.tied)
     loss_fn = loss_fn or cross_entropy_loss
     tp_mesh = get_tp_mesh(mesh) if mesh is not None else None
     pp_mesh = get_pp_mesh(mesh) if mesh is not None else None
@@ -102,12 +127,12 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
 
     def parallelize_part(part: nn.Module) -> nn.Module:
         if tp_mesh is not None:
-            apply_tp(part, tp_mesh, par.tp)
-        apply_activation_checkpointing(part, par.activation_checkpoint)
+            apply_tp(part, tp_mesh, par.tp, builtin=_builtin_tp(spec, layout), head=layout.head)
+        apply_activation_checkpointing(part, par.activation_checkpoint, list(layout.blocks))
         if dp_mesh is not None:
             # Under PP each stage runs several micro-batch forwards per step: keep weights gathered.
-            apply_fsdp(part, dp_mesh, par.fsdp,
-                       reshard_after_forward=False if pp_mesh is not None else None)
+            apply_fsdp(part, dp_mesh, par.fsdp, reshard_after_forward=False if pp_mesh is not None else None,
+                       units=list(spec.fsdp_units))
         return part
 
     if pp_mesh is None:
@@ -115,8 +140,12 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
                              loss_parallel=loss_par)
     if n_microbatches is None:
         n_microbatches = par.pp.resolved_microbatches(pp_mesh.size())
+    if not spec.supports_pipeline:
+        raise ValueError(f"model {plan.model.name!r} cannot be pipelined (its spec has no stage split); set "
+                         "parallel.pp_degree to 1 or register a ModelSpec with supports_pipeline=True")
     schedule, parts, stage_ids = build_pipeline(model, pp_mesh, par.pp, device, loss_fn, n_microbatches,
-                                                parallelize_stage=parallelize_part)
+                                                blocks=list(layout.blocks), first=list(layout.first),
+                                                last=list(layout.last), parallelize_stage=parallelize_part)
     return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,
                          schedule=schedule, stage_ids=stage_ids,
                          num_stages=pp_mesh.size() * par.pp.virtual_stages, pp_mesh=pp_mesh)

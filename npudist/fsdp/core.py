@@ -1,8 +1,8 @@
 """FSDP2 (``fully_shard``) and activation checkpointing, applied the torchtitan way.
 
-``apply_fsdp`` wraps each module matching ``fsdp_cfg.wrap`` (default: every transformer block) as its own
-FSDP unit, then the root, so parameters are all-gathered one block at a time and the root unit holds the
-rest (embeddings, final norm, output). Over a 2-D data-parallel mesh (dp_replicate, dp_shard) this is HSDP;
+``apply_fsdp`` wraps each module matching ``fsdp_cfg.wrap`` (default: the model spec's units, the
+transformer blocks of the built-in models) as its own FSDP unit, then the root, so parameters are
+all-gathered one block at a time and the root unit holds the rest (embeddings, final norm, output). Over a 2-D data-parallel mesh (dp_replicate, dp_shard) this is HSDP;
 over a 1-D replicate-only mesh it is FSDP2's ``replicate``. Tensor-parallel DTensor parameters compose
 (2-D FSDP x TP) as long as both meshes are slices of the same root mesh.
 """
@@ -31,9 +31,20 @@ def _wrap_targets(model: nn.Module, patterns: list[str]) -> list[tuple[str, nn.M
     return out
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, fsdp_cfg, reshard_after_forward: bool | None = None
-               ) -> nn.Module:
+def _drop_shared(targets: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """Targets minus those holding a parameter another target also holds (tied weights): a shared
+    parameter must live in one FSDP unit, so its users are left to the root."""
+    count: dict[int, int] = {}
+    for _, module in targets:
+        for p in {id(p) for p in module.parameters()}:
+            count[p] = count.get(p, 0) + 1
+    return [(n, m) for n, m in targets if all(count[id(p)] == 1 for p in m.parameters())]
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, fsdp_cfg, reshard_after_forward: bool | None = None,
+               units: list[str] = ()) -> nn.Module:
     """Shard (or replicate) ``model`` in place over ``dp_mesh`` per ``fsdp_cfg`` (an ``FSDPConfig``).
+    ``units``: module-name patterns used when ``fsdp_cfg.wrap`` is None (the model spec's FSDP units).
 
     ``reshard_after_forward`` overrides the config; pipeline parallelism passes False because each stage
     runs several micro-batch forwards per step, which would otherwise all-gather the same weights again.
@@ -44,12 +55,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, fsdp_cfg, reshard_after_fo
     reshard = fsdp_cfg.reshard_after_forward if reshard_after_forward is None else reshard_after_forward
     names = dp_mesh.mesh_dim_names or ()
     replicate_only = dp_mesh.ndim == 1 and names == ("dp_replicate",)
-    tied = getattr(model, "output", None) is not None and getattr(model, "tok_embeddings", None) is not None \
-        and model.output.weight is model.tok_embeddings.weight
-    targets = _wrap_targets(model, fsdp_cfg.wrap)
-    if tied:
-        # A shared parameter must live in one FSDP unit; leave both users to the root.
-        targets = [(n, m) for n, m in targets if m is not model.output and m is not model.tok_embeddings]
+    targets = _drop_shared(_wrap_targets(model, fsdp_cfg.wrap if fsdp_cfg.wrap is not None else list(units)))
     for _, module in reversed(targets):
         if replicate_only:
             replicate(module, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
@@ -88,18 +94,22 @@ def _checkpoint(block: nn.Module, context_fn=None) -> None:
                          "use parallel.activation_checkpoint.mode full or selective_policy layer")
 
 
-def apply_activation_checkpointing(model: nn.Module, ac_cfg) -> nn.Module:
+def apply_activation_checkpointing(model: nn.Module, ac_cfg, blocks: list[str]) -> nn.Module:
     """Recompute block activations in backward per ``ac_cfg`` (an ``ACConfig``): ``full`` every block,
-    ``selective`` + ``layer`` every ``every_n_layers``-th block (by global index, so a pipeline stage
-    checkpoints the same blocks as the whole model), ``selective`` + ``op`` every block but keeping matmul
-    and attention outputs."""
+    ``selective`` + ``layer`` every ``every_n_layers``-th block (by its index in ``blocks``, the whole
+    model's block names, so a pipeline stage checkpoints the same blocks as the whole model), ``selective`` +
+    ``op`` every block but keeping matmul and attention outputs. Blocks this stage lacks are skipped."""
     if ac_cfg.mode == "none":
         return model
-    for name, block in model.layers.items():
+    present = dict(model.named_modules())
+    for index, name in enumerate(blocks):
+        block = present.get(name)
+        if block is None:
+            continue
         if ac_cfg.mode == "full":
             _checkpoint(block)
         elif ac_cfg.selective_policy == "layer":
-            if int(name) % ac_cfg.every_n_layers == 0:
+            if index % ac_cfg.every_n_layers == 0:
                 _checkpoint(block)
         else:
             _checkpoint(block, _op_policy())

@@ -1,7 +1,7 @@
 """DeviceMesh (pp, dp_replicate, dp_shard, tp) built from a plan; only dims of size > 1 get a group."""
 from .device_mesh import (DP_DIM, build_mesh, describe_mesh, dim_rank, dim_size, get_dp_mesh, get_fsdp_mesh,
                           get_pp_mesh, get_submesh, get_tp_mesh)
-from .layout import (MESH_DIM_NAMES, group_ranks, rank_coordinates, rank_of, stage_layer_ranges,
+from npudist.plan.ranks import (MESH_DIM_NAMES, group_ranks, rank_coordinates, rank_of, stage_layer_ranges,
                      stages_of_rank)
 
 __all__ = [

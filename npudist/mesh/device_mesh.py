@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from npudist.plan.schema import ParallelConfig, ParallelDegrees
 
-from .layout import MESH_DIM_NAMES
+from npudist.plan.ranks import MESH_DIM_NAMES
 
 DP_DIM = "dp"   # flattened dp_replicate x dp_shard, created only when both are > 1
 

@@ -1,6 +1,18 @@
-"""Models: a Llama-style decoder with its built-in tensor-parallel plan."""
-from npudist.models.llama import LlamaArgs, RMSNorm, Transformer, TransformerBlock, build_model
-from npudist.models.tp_plan import build_llama_tp_plan, check_tp_divisibility
+"""Models as plug-ins: a registry of model specs (build, layout, TP plan, FSDP units, pipeline support)
+keyed by the plan's ``model.name``. Built in: ``llama`` (npudist's decoder), ``hf_causal_lm`` (HuggingFace
+transformers decoders) and ``module`` (the user's own nn.Module named by ``model.module``).
 
-__all__ = ["build_model", "LlamaArgs", "RMSNorm", "Transformer", "TransformerBlock", "build_llama_tp_plan",
-           "check_tp_divisibility"]
+Importing this package is torch-free (the plan checker uses it); building a model imports torch.
+"""
+from npudist.models.hf_spec import HF_SPEC
+from npudist.models.llama_spec import LLAMA_SPEC
+from npudist.models.module_spec import MODULE_SPEC
+from npudist.models.spec import (ModelLayout, ModelSpec, TransformerDims, build_model, get_model_spec,
+                                 layout_from_module, model_layout, model_spec_names, register_model_spec,
+                                 stage_of_module)
+
+for _spec in (LLAMA_SPEC, HF_SPEC, MODULE_SPEC):
+    register_model_spec(_spec, replace=True)
+
+__all__ = ["ModelLayout", "ModelSpec", "TransformerDims", "build_model", "get_model_spec", "layout_from_module",
+           "model_layout", "model_spec_names", "register_model_spec", "stage_of_module"]

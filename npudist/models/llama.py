@@ -8,46 +8,12 @@ that deletes the layers it does not own keeps the same parameter names as the fu
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-
-@dataclass
-class LlamaArgs:
-    vocab_size: int = 256  # byte-level tokenizer; pad (e.g. 264) if tp must divide it
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
-    ffn_hidden_dim: int | None = None  # None = SwiGLU default: 8/3 * dim rounded up to multiple_of
-    multiple_of: int = 16
-    max_seq_len: int = 256
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-
-    def __post_init__(self):
-        if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
-        if self.dim % self.n_heads:
-            raise ValueError(f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"head dim dim/n_heads={self.dim // self.n_heads} must be even for rotary embeddings")
-        if self.ffn_hidden_dim is None:
-            hidden = int(2 * (4 * self.dim) / 3)
-            self.ffn_hidden_dim = self.multiple_of * math.ceil(hidden / self.multiple_of)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+from npudist.models.rules import raise_if_invalid
 
 
 class RMSNorm(nn.Module):
@@ -87,13 +53,13 @@ class Attention(nn.Module):
     """Causal grouped-query attention. Head counts are derived from the (possibly TP-sharded) projection
     outputs, so the same code runs on a full module and on a tensor-parallel shard."""
 
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args):
         super().__init__()
         self.head_dim = args.head_dim
-        self.n_rep = args.n_heads // args.n_kv_heads
+        self.n_rep = args.n_heads // args.kv_heads
         self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -127,7 +93,7 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, layer_id: int, args: LlamaArgs):
+    def __init__(self, layer_id: int, args):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
@@ -166,9 +132,10 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, cfg):
         super().__init__()
-        self.args = args
+        raise_if_invalid(cfg)
+        self.args = args = cfg
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm = RMSNorm(args.dim, args.norm_eps)
@@ -223,12 +190,6 @@ class Transformer(nn.Module):
         return n
 
 
-def build_model(model_cfg) -> Transformer:
-    """The decoder described by a plan's ``ModelConfig`` (built on the current default device)."""
-    if model_cfg.name != "llama":
-        raise ValueError(f"model.name={model_cfg.name!r} is unknown; the built-in model is 'llama'")
-    return Transformer(LlamaArgs(
-        vocab_size=model_cfg.vocab_size, dim=model_cfg.dim, n_layers=model_cfg.n_layers,
-        n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads, ffn_hidden_dim=model_cfg.ffn_hidden_dim,
-        max_seq_len=model_cfg.max_seq_len, rope_theta=model_cfg.rope_theta, norm_eps=model_cfg.norm_eps,
-        tie_embeddings=model_cfg.tie_embeddings))
+def build_llama(cfg) -> Transformer:
+    """The decoder a ``ModelConfig`` describes (built on the current default device)."""
+    return Transformer(cfg)

@@ -50,12 +50,3 @@ def build_llama_tp_plan(model: nn.Module, sequence_parallel: bool = True,
             })
         plan.update({prefix + k: v for k, v in block.items()})
     return plan
-
-
-def check_tp_divisibility(args, tp_degree: int) -> None:
-    """Head and hidden counts must split evenly across the tensor-parallel ranks."""
-    for key, value in (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads),
-                       ("ffn_hidden_dim", args.ffn_hidden_dim), ("vocab_size", args.vocab_size)):
-        if value % tp_degree:
-            raise ValueError(f"model.{key}={value} is not divisible by parallel.tp_degree={tp_degree}; "
-                             "choose a tp_degree that divides it")

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from npudist.mesh.layout import MESH_DIM_NAMES, group_ranks, stage_layer_ranges
+from .ranks import MESH_DIM_NAMES, group_ranks, stage_layer_ranges
+
+from npudist.models import get_model_spec, model_layout
 
 from .estimate import RankEstimate, estimate_all
-from .llama_layout import count_params
 from .loader import load_plan
 from .schema import ParallelDegrees, Plan
 
@@ -39,15 +41,29 @@ def _groups(degrees: ParallelDegrees, dim: str) -> str:
     return " ".join(out)
 
 
+def count_params(model_cfg) -> int:
+    """Total parameters of the model (tied weights counted once)."""
+    return sum(math.prod(shape) for shape in model_layout(model_cfg).params.values())
+
+
+def _describe_model(m, n: int) -> str:
+    layout = model_layout(m)
+    if layout.dims is None:
+        shape = f"{len(layout.modules)} modules"
+    else:
+        shape = (f"dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads ({m.kv_heads} kv), ffn {m.ffn_hidden_dim}, "
+                 f"vocab {m.vocab_size}{', tied embeddings' if layout.tied else ''}")
+    what = {"hf_causal_lm": f" ({m.hf_model_type})", "module": f" ({m.module})"}.get(m.name, "")
+    return f"model     {m.name}{what}: {shape} -> {n:,} parameters ({format_bytes(4 * n)} fp32)"
+
+
 def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
     m, d, par, t = plan.model, plan.data, plan.parallel, plan.training
     n = count_params(m)
     accum = d.grad_accum_steps(degrees.dp)
     lines = [
         f"plan {source}: valid for {degrees.world_size} rank{'s' if degrees.world_size > 1 else ''}",
-        f"model     {m.name}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads ({m.kv_heads} kv), ffn "
-        f"{m.ffn_hidden_dim}, vocab {m.vocab_size}{', tied embeddings' if m.tie_embeddings else ''} -> "
-        f"{n:,} parameters ({format_bytes(4 * n)} fp32)",
+        _describe_model(m, n),
         f"batch     {d.global_batch_size} sequences x {d.seq_len} tokens = {d.global_batch_size * d.seq_len:,} "
         f"tokens/step; {d.micro_batch_size} per micro-batch on each of {degrees.dp} data-parallel rank(s) -> "
         f"{accum} accumulation step(s)",
@@ -64,17 +80,18 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
     if degrees.pp > 1:
         stages = par.pp.num_stages(degrees.pp)
         mb = par.pp.resolved_microbatches(degrees.pp)
-        ranges = stage_layer_ranges(m.n_layers, stages, par.pp.split_points)
+        ranges = stage_layer_ranges(len(model_layout(m).blocks), stages, par.pp.split_points)
         lines.append(f"pipeline  {par.pp.schedule}, {stages} stages ({par.pp.virtual_stages} per rank), {mb} "
                      f"microbatches of {d.micro_batch_size // mb} sequence(s); layers per stage: "
                      + " ".join(f"s{i}={_span(list(r))}" for i, r in enumerate(ranges)))
     if degrees.tp > 1:
         tp = par.tp
-        lines.append(f"tensor    {'built-in Llama plan' if tp.plan is None else f'{len(tp.plan)} pattern(s)'}"
+        lines.append(f"tensor    {'built-in plan of the model' if tp.plan is None else f'{len(tp.plan)} pattern(s)'}"
                      f", sequence_parallel {tp.sequence_parallel}, loss_parallel {tp.loss_parallel}")
     if degrees.dp_shard > 1:
         f = par.fsdp
-        lines.append(f"fsdp      units {', '.join(f.wrap) or '-'} + root; param {f.param_dtype}, reduce "
+        units = f.wrap if f.wrap is not None else get_model_spec(m.name).fsdp_units
+        lines.append(f"fsdp      units {', '.join(units) or '-'} + root; param {f.param_dtype}, reduce "
                      f"{f.reduce_dtype}, reshard_after_forward {f.reshard_after_forward}, cpu_offload "
                      f"{f.cpu_offload}")
     ac = par.activation_checkpoint
@@ -87,19 +104,19 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
 
 
 def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list[str]:
-    cols = ("rank", "stages", "layers", "dp_rep", "dp_shard", "tp", "params", "grads", "optim", "fsdp_ag",
+    cols = ("rank", "stages", "blocks", "dp_rep", "dp_shard", "tp", "params", "grads", "optim", "fsdp_ag",
             "activ", "total")
     rows = []
     for e in estimates:
         c = e.coords
-        layers = _span(e.layers) + ("+emb" if e.holds_embedding else "") + ("+head" if e.holds_head else "")
-        rows.append((str(e.rank), ",".join(map(str, e.stages)), layers,
+        blocks = _span(e.blocks) + ("+emb" if e.holds_embedding else "") + ("+head" if e.holds_head else "")
+        rows.append((str(e.rank), ",".join(map(str, e.stages)), blocks,
                      f"{c['dp_replicate']}/{degrees.dp_replicate}", f"{c['dp_shard']}/{degrees.dp_shard}",
                      f"{c['tp']}/{degrees.tp}", format_bytes(e.param_bytes), format_bytes(e.grad_bytes),
                      format_bytes(e.optim_bytes), format_bytes(e.gather_bytes), format_bytes(e.activation_bytes),
                      format_bytes(e.device_bytes) + (" (state on host)" if e.offloaded else "")))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
-    left = {"stages", "layers"}
+    left = {"stages", "blocks"}
 
     def line(cells):
         return "  ".join(c.ljust(w) if h in left else c.rjust(w) for c, w, h in zip(cells, widths, cols))

@@ -1,8 +1,10 @@
 """Per-rank placement and memory estimate of a plan, computed analytically (no model, no processes).
 
-Parameters are counted exactly from the Llama shapes; what each rank holds follows the real wrappers:
-pipeline stages own whole blocks (embedding on the first stage, final norm + head on the last), TP splits
-the weights its plan shards, FSDP splits every parameter over dp_shard (padded to a multiple).
+Parameters are counted exactly from the model spec's layout (``npudist.models``); what each rank holds
+follows the real wrappers: pipeline stages own whole blocks (the layout's first-stage modules on the first
+stage, its last-stage modules on the last), TP splits the weights its plan shards, FSDP splits every
+parameter over dp_shard (padded to a multiple). Models whose layout gives no transformer widths (a user's
+own module) get no activation estimate.
 Activations are an ESTIMATE: bytes saved for backward per token per block (see ``_block_activation``),
 times the tokens of the micro-batches a pipeline schedule keeps in flight.
 """
@@ -11,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from npudist.mesh.layout import rank_coordinates, stage_layer_ranges, stages_of_rank
+from npudist.models import get_model_spec, model_layout, stage_of_module
 
-from .llama_layout import BUILTIN_TP_SHARDED, param_shapes
 from .patterns import matches
+from .ranks import rank_coordinates, stage_layer_ranges, stages_of_rank
 from .schema import ParallelDegrees, Plan
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -26,7 +28,7 @@ class RankEstimate:
     rank: int
     coords: dict[str, int]
     stages: list[int]
-    layers: list[int]
+    blocks: list[int]          # indices into the model layout's blocks
     holds_embedding: bool
     holds_head: bool
     params: int                # parameter elements held by this rank (after TP and FSDP sharding)
@@ -52,33 +54,44 @@ def _module_of(param: str) -> str:
     return param.rsplit(".", 1)[0]
 
 
-def _tp_sharded(plan: Plan, module: str) -> bool:
+def _tp_sharded(plan: Plan, layout, module: str) -> bool:
     if plan.parallel.tp_degree <= 1:
         return False
     tp_plan = plan.parallel.tp.plan
     if tp_plan is None:
-        return any(matches(p, module) for p in BUILTIN_TP_SHARDED)
+        return any(matches(p, module) for p in layout.tp_sharded)
     return any(matches(p, module) and s in ("colwise", "rowwise") for p, s in tp_plan.items())
 
 
-def _block_activation(plan: Plan, tp: int) -> tuple[float, float]:
+def _fsdp_units(plan: Plan, layout) -> list[str]:
+    """Modules wrapped as FSDP units, outermost only (as npudist.fsdp chooses them)."""
+    wrap = plan.parallel.fsdp.wrap
+    patterns = wrap if wrap is not None else get_model_spec(plan.model.name).fsdp_units
+    units: list[str] = []
+    for name in layout.modules:
+        if any(matches(p, name) for p in patterns) and not any(name.startswith(u + ".") for u in units):
+            units.append(name)
+    return units
+
+
+def _block_activation(plan: Plan, dims, tp: int) -> tuple[float, float]:
     """(elements per token per block kept for backward, elements per token at a checkpointed block).
     No AC keeps: per RMSNorm its input, normalized value and output (2 x 3*dim, split by TP only with
     sequence parallelism); q and k before and after RoPE, v, the attention output and wo's input (k and v
     repeated to n_heads when GQA groups them), and SwiGLU's w1/w3 outputs, silu and product (4*ffn), split
     by TP."""
-    m, par = plan.model, plan.parallel
+    m, par = dims, plan.parallel
     sp = tp if par.tp.sequence_parallel else 1
-    kv = m.kv_heads * m.head_dim
-    kv_used = m.dim if m.kv_heads != m.n_heads else kv          # after repeat_interleave
+    kv = m.kv_width
+    kv_used = m.q_width                                         # k/v after repeat_interleave to n_heads
     attention = 4 * m.dim + kv + 2 * kv_used                   # q pre/post rope, k pre-rope, k/v, out, wo in
-    replicated, sharded = 6 * m.dim / sp, (attention + 4 * m.ffn_hidden_dim) / tp
+    replicated, sharded = 6 * m.dim / sp, (attention + 4 * m.ffn_hidden)/ tp
     full = replicated + sharded
     ac = par.activation_checkpoint
     if ac.mode == "full":
         return full, m.dim / sp
     if ac.mode == "selective" and ac.selective_policy == "op":
-        saved = (2 * m.dim + 2 * kv + 2 * m.ffn_hidden_dim) / tp + m.dim / sp   # matmul outputs + input
+        saved = (2 * m.dim + 2 * kv + 2 * m.ffn_hidden) / tp + m.dim / sp   # matmul outputs + input
         return saved, saved
     return full, full
 
@@ -97,31 +110,63 @@ def _in_flight(plan: Plan, pp_rank: int, n_local: int) -> int:
     return min(m * n_local, (n_local - 1) * per_round + 2 * (pp - 1 - pp_rank) + 1)
 
 
+def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ranges, first: bool, head: bool,
+                 tokens: int, act_bytes: int) -> int:
+    par = plan.parallel
+    per_layer, per_ckpt_layer = _block_activation(plan, dims, degrees.tp)
+    ac = par.activation_checkpoint
+    sp = degrees.tp if par.tp.sequence_parallel else 1
+    layers_per_stage = max(len(ranges[s]) for s in stages)
+    if ac.mode == "selective" and ac.selective_policy == "layer":
+        # blocks with a global index divisible by every_n_layers are checkpointed (npudist.fsdp)
+        ckpt = max(sum(1 for i in ranges[s] if i % ac.every_n_layers == 0) for s in stages)
+        block = (layers_per_stage - ckpt) * per_layer + ckpt * dims.dim / sp
+    elif ac.mode == "full":
+        block = layers_per_stage * per_ckpt_layer
+    else:
+        block = layers_per_stage * per_layer
+    extra = (dims.dim / sp if first else 0)
+    logits = 0
+    if head:
+        vocab = dims.vocab_size / (degrees.tp if par.tp.loss_parallel and degrees.tp > 1 else 1)
+        logits = 3 * vocab * tokens * 4      # fp32 log-softmax output + its gradient + the logits' gradient
+    flight = _in_flight(plan, coords["pp"], len(stages))
+    recompute = per_layer * tokens * act_bytes if ac.mode == "full" else 0   # one block rebuilt in backward
+    activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute)
+
+    return activations
+
+
 def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstimate:
-    par, m, d = plan.parallel, plan.model, plan.data
+    par, d = plan.parallel, plan.data
+    layout = model_layout(plan.model)
     coords = rank_coordinates(degrees, rank)
     num_stages = par.pp.num_stages(degrees.pp)
-    ranges = stage_layer_ranges(m.n_layers, num_stages, par.pp.split_points)
+    n_blocks = len(layout.blocks)
+    ranges = stage_layer_ranges(n_blocks, num_stages, par.pp.split_points) if n_blocks else [range(0)]
     stages = stages_of_rank(coords["pp"], degrees.pp, par.pp.virtual_stages if degrees.pp > 1 else 1,
                             par.pp.schedule) if degrees.pp > 1 else [0]
     layers = sorted(i for s in stages for i in ranges[s])
     first, head = 0 in stages, num_stages - 1 in stages
+    tied_to_last = {owner for owner, user in layout.tied if stage_of_module(layout, user) == ("last",)}
+    units = _fsdp_units(plan, layout)
 
     mine, unit_elems = {}, {}
-    for name, shape in param_shapes(m).items():
+    for name, shape in layout.params.items():
         module = _module_of(name)
-        if module.startswith("layers."):
-            if int(module.split(".")[1]) not in layers:
-                continue
-        elif module == "tok_embeddings" and not (first or (head and m.tie_embeddings)):
+        where = stage_of_module(layout, module)
+        if where[0] == "block" and where[1] not in layers:
             continue
-        elif module in ("norm", "output") and not head:
+        if where == ("first",) and not (first or (head and any(module == o or module.startswith(o + ".")
+                                                             for o in tied_to_last))):
+            continue
+        if where == ("last",) and not head:
             continue
         n = _numel(shape)
-        if _tp_sharded(plan, module):
+        if _tp_sharded(plan, layout, module):
             n = math.ceil(n / degrees.tp)
         mine[name] = n
-        unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else "root"
+        unit = next((u for u in units if module == u or module.startswith(u + ".")), "root")
         unit_elems[unit] = unit_elems.get(unit, 0) + n
     tp_local = sum(mine.values())
     shard = degrees.dp_shard
@@ -142,32 +187,17 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     act_bytes = DTYPE_BYTES[par.fsdp.param_dtype] if shard > 1 else 4
     microbatches = par.pp.resolved_microbatches(degrees.pp) if degrees.pp > 1 else 1
     tokens = (d.micro_batch_size // max(1, microbatches)) * d.seq_len
-    per_layer, per_ckpt_layer = _block_activation(plan, degrees.tp)
-    ac = par.activation_checkpoint
-    sp = degrees.tp if par.tp.sequence_parallel else 1
-    layers_per_stage = max(len(ranges[s]) for s in stages)
-    if ac.mode == "selective" and ac.selective_policy == "layer":
-        # blocks with a global index divisible by every_n_layers are checkpointed (npudist.fsdp)
-        ckpt = max(sum(1 for i in ranges[s] if i % ac.every_n_layers == 0) for s in stages)
-        block = (layers_per_stage - ckpt) * per_layer + ckpt * m.dim / sp
-    elif ac.mode == "full":
-        block = layers_per_stage * per_ckpt_layer
-    else:
-        block = layers_per_stage * per_layer
-    extra = (m.dim / sp if first else 0)
-    logits = 0
-    if head:
-        vocab = m.vocab_size / (degrees.tp if par.tp.loss_parallel and degrees.tp > 1 else 1)
-        logits = 3 * vocab * tokens * 4      # fp32 log-softmax output + its gradient + the logits' gradient
-    flight = _in_flight(plan, coords["pp"], len(stages))
-    recompute = per_layer * tokens * act_bytes if ac.mode == "full" else 0   # one block rebuilt in backward
-    activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute)
-
     notes = []
+    dims = layout.dims
+    if dims is None:
+        notes.append("activations not estimated: the model's layout gives no transformer widths")
+        activations = 0
+    else:
+        activations = _activations(plan, degrees, dims, coords, stages, ranges, first, head, tokens, act_bytes)
     if par.fsdp.cpu_offload and shard > 1:
         notes.append("fsdp.cpu_offload: parameters, gradients and optimizer state in host memory")
     return RankEstimate(
-        rank=rank, coords=coords, stages=stages, layers=layers, holds_embedding=first, holds_head=head,
+        rank=rank, coords=coords, stages=stages, blocks=layers, holds_embedding=first, holds_head=head,
         params=held, param_bytes=param_b, grad_bytes=param_b, optim_bytes=ADAMW_STATES * param_b,
         gather_bytes=gather, activation_bytes=activations, offloaded=par.fsdp.cpu_offload and shard > 1,
         notes=notes)

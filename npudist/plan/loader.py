@@ -15,7 +15,7 @@ import yaml
 from .convert import convert_dataclass, field_types
 from .errors import PlanError, suggest
 from .schema import Plan
-from .validate import validate_plan
+from .validate import resolve_plan, validate_plan
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -173,4 +173,5 @@ def load_plan(path_or_dict, overrides: Iterable[str] = (), world_size: int | Non
     errors += validate_plan(plan, world_size, skip=bad)
     if errors:
         raise PlanError(errors, source)
+    resolve_plan(plan, world_size)
     return plan

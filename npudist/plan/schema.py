@@ -20,8 +20,11 @@ V_SHAPED_SCHEDULES = ("ZBVZeroBubble",)
 
 @dataclass
 class ModelConfig:
-    """Llama-style decoder: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention."""
-    name: Literal["llama"] = "llama"
+    """The one model config, for every model spec (``npudist.models``). ``name`` picks the spec: ``llama``
+    (the built-in decoder), ``hf_causal_lm`` (a HuggingFace decoder; the fields below map to its config,
+    ``hf_config`` adds any other config key), ``module`` (the user's nn.Module built by the function
+    ``module`` names), or any name registered with ``npudist.models.register_model_spec``."""
+    name: str = "llama"
     vocab_size: int = 256          # byte-level tokenizer; may be padded above 256 (e.g. for TP divisibility)
     dim: int = 128
     n_layers: int = 4
@@ -32,6 +35,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
+    hf_model_type: str = "llama"       # hf_causal_lm: the transformers model_type (llama, qwen2, mistral, ...)
+    hf_config: Optional[dict[str, Union[int, float, bool, str]]] = None   # hf_causal_lm: more config keys
+    module: Optional[str] = None       # name module: "package.module:function" returning the nn.Module
 
     @property
     def kv_heads(self) -> int:
@@ -113,8 +119,8 @@ class FSDPConfig:
     reduce_dtype: DType = "float32"        # dtype of gradient reduce-scatter
     cpu_offload: bool = False
     # Module-name patterns (see npudist.plan.patterns) wrapped as separate FSDP units, in addition to the
-    # root which is always wrapped last.
-    wrap: list[str] = field(default_factory=lambda: ["layers.*"])
+    # root which is always wrapped last. None = the model spec's units (the blocks of the built-in models).
+    wrap: Optional[list[str]] = None
 
 
 @dataclass
@@ -129,8 +135,8 @@ class TPConfig:
 class PPConfig:
     schedule: PPSchedule = "1F1B"
     microbatches: Optional[int] = None     # per optimizer micro-step; None = number of pipeline stages
-    # Layer indices where a new stage starts (len = stages - 1); "layers.N" strings are accepted too.
-    # None = automatic balance (n_layers split evenly over the stages).
+    # Block indices where a new stage starts (len = stages - 1); block names ("layers.N" for llama,
+    # "model.layers.N" for hf_causal_lm) are accepted too. None = the blocks split evenly over the stages.
     split_points: Optional[list[Union[int, str]]] = None
     virtual_stages: int = 1                # stages per pp rank (>1 for interleaved / ZBV schedules)
 

@@ -2,14 +2,17 @@
 
 Each rule names the key it reports (first) and every key it reads, so a rule is skipped when one of
 those keys already failed type conversion (its value is then a default and the message would mislead).
+Model-specific rules (shapes, what a model supports) come from the model spec (``npudist.models``);
+module patterns are checked against the spec's layout. Validation reads the plan and never changes it.
 """
 from __future__ import annotations
 
 import os
 import re
 
+from npudist.models import get_model_spec, model_layout
+
 from .errors import suggest
-from .llama_layout import module_names
 from .patterns import check_pattern, matches
 from .schema import MULTI_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
 
@@ -31,6 +34,9 @@ class _Checks:
         if self.ok(key, *reads):
             self.errors.append(f"{key}: {message}")
 
+    def model_ok(self) -> bool:
+        return not any(s == "model" or s.startswith("model.") for s in self.skip)
+
 
 def _positive(c: _Checks, obj, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
     for name in names:
@@ -39,23 +45,29 @@ def _positive(c: _Checks, obj, prefix: str, names: tuple[str, ...], minimum: int
             c.fail(f"{prefix}.{name}", f"must be >= {minimum}, got {value}")
 
 
-def _check_model(c: _Checks, m) -> None:
-    _positive(c, m, "model", ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "max_seq_len"))
+def _check_model(c: _Checks, p: Plan):
+    """The model spec's rules; returns the model's layout, or None when it cannot be computed."""
+    m = p.model
     if m.vocab_size < 256:
         c.fail("model.vocab_size", f"must be >= 256 for the byte-level tokenizer, got {m.vocab_size}")
-    if m.n_heads >= 1 and m.dim >= 1:
-        if m.dim % m.n_heads:
-            c.fail("model.dim", f"{m.dim} is not divisible by model.n_heads={m.n_heads}", "model.n_heads")
-        elif m.head_dim % 2:
-            c.fail("model.dim", f"head dim dim/n_heads = {m.head_dim} must be even for rotary embeddings",
-                   "model.n_heads")
-    if m.n_kv_heads is not None and m.n_kv_heads >= 1 and m.n_heads >= 1 and m.n_heads % m.n_kv_heads:
-        c.fail("model.n_kv_heads", f"model.n_heads={m.n_heads} is not divisible by n_kv_heads={m.n_kv_heads} "
-               "(each kv head serves a whole group of query heads)", "model.n_heads")
-    if m.norm_eps <= 0:
-        c.fail("model.norm_eps", f"must be > 0, got {m.norm_eps}")
-    if m.rope_theta <= 0:
-        c.fail("model.rope_theta", f"must be > 0, got {m.rope_theta}")
+    if not c.ok("model.name"):
+        return None
+    try:
+        spec = get_model_spec(m.name)
+    except ValueError as e:
+        c.errors.append(str(e))
+        return None
+    if not c.model_ok() or not c.ok("parallel.tp_degree", "parallel.tp"):
+        return None
+    problems = spec.check(m, p.parallel)
+    c.errors.extend(problems)
+    if problems:
+        return None
+    try:
+        return model_layout(m)
+    except (ImportError, ValueError) as e:
+        c.errors.append(f"model.name: cannot lay out the {m.name} model: {e}")
+        return None
 
 
 def _check_training(c: _Checks, p: Plan) -> None:
@@ -117,73 +129,77 @@ def _check_degrees(c: _Checks, p: Plan, world_size: int | None):
             return None   # world-size dependent rules wait for load_plan(..., world_size=N)
         world_size = par.dp_shard_degree * par.dp_replicate_degree * par.tp_degree * par.pp_degree
     try:
-        degrees = par.resolve(world_size)
+        return par.resolve(world_size)
     except ValueError as e:
         c.errors.append(str(e))
         return None
-    par.dp_shard_degree = degrees.dp_shard
-    return degrees
 
 
-def _check_pattern_hits(c: _Checks, p: Plan, key: str, pattern: str) -> None:
+def _generic(name: str) -> str:
+    """"layers.3.attention" -> "layers.*.attention": block indices become wildcards for hints."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", name)
+
+
+def _check_pattern_hits(c: _Checks, p: Plan, layout, key: str, pattern: str) -> None:
     """A module pattern must be well formed and match at least one module of the model: a typo would
     otherwise silently leave modules unsharded."""
     problem = check_pattern(pattern)
     if problem:
         c.fail(key, problem)
         return
-    if not c.ok("model.n_layers") or p.model.n_layers < 1:
+    if layout is None:
         return
-    names = module_names(p.model)
-    if not any(matches(pattern, n) for n in names):
-        generic = sorted({re.sub(r"^layers\.\d+", "layers.*", n) for n in names})
+    if not any(matches(pattern, n) for n in layout.modules):
+        generic = sorted({_generic(n) for n in layout.modules})
         c.fail(key, f'pattern "{pattern}" matches no module of the {p.model.name} model'
                f"{suggest(pattern, generic)}", "model.n_layers")
 
 
-def _check_tp(c: _Checks, p: Plan, tp: int) -> None:
-    m, cfg = p.model, p.parallel.tp
+def _check_tp(c: _Checks, p: Plan, layout, tp: int) -> None:
+    cfg = p.parallel.tp
     for pattern, _style in (cfg.plan or {}).items():
-        _check_pattern_hits(c, p, f"parallel.tp.plan.{pattern}", pattern)
+        _check_pattern_hits(c, p, layout, f"parallel.tp.plan.{pattern}", pattern)
     if tp <= 1:
         return
     reads = ("parallel.tp_degree",)
-    explicit_kv = m.n_kv_heads is not None and m.n_kv_heads != m.n_heads   # else n_heads says it all
-    for name, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
-                        ("model.ffn_hidden_dim", m.ffn_hidden_dim)):
-        if name == "model.n_kv_heads" and not explicit_kv:
-            continue
-        if value % tp:
-            c.fail(name, f"{value} is not divisible by parallel.tp_degree={tp} (tensor parallelism splits it "
-                   "evenly over the tp ranks)", *reads, "model.n_heads")
-    if m.vocab_size % tp:
-        c.fail("model.vocab_size", f"{m.vocab_size} is not divisible by parallel.tp_degree={tp} (the embedding "
-               "and output head are split over the vocabulary); pad vocab_size up to a multiple", *reads)
+    if cfg.loss_parallel and layout is not None and layout.head is None:
+        c.fail("parallel.tp.loss_parallel", f"the {p.model.name} model names no output head to keep "
+               "vocab-sharded; set it to false", *reads)
     if cfg.sequence_parallel and p.data.seq_len % tp:
         c.fail("parallel.tp.sequence_parallel", f"needs data.seq_len={p.data.seq_len} divisible by "
                f"parallel.tp_degree={tp}", *reads, "data.seq_len")
 
 
-def _normalize_split_points(c: _Checks, pp) -> list[int] | None:
-    if pp.split_points is None:
-        return None
+def split_indices(points, blocks) -> list[int] | None:
+    """Split points as block indices: ints stay, "N" and block names ("layers.N") become indices.
+    None if some point is neither."""
     out = []
-    for i, point in enumerate(pp.split_points):
+    for point in points:
         if isinstance(point, str):
-            match = re.fullmatch(r"(?:layers\.)?(\d+)", point.strip())
-            if not match:
-                c.fail(f"parallel.pp.split_points[{i}]", f'expected a layer index or "layers.N", got {point!r}')
+            name = point.strip()
+            if name.isdigit():
+                point = int(name)
+            elif name in blocks:
+                point = list(blocks).index(name)
+            else:
                 return None
-            point = int(match.group(1))
         out.append(point)
-    pp.split_points = out
     return out
 
 
-def _check_pp(c: _Checks, p: Plan, pp_degree: int) -> None:
-    cfg, m = p.parallel.pp, p.model
+def _check_pp(c: _Checks, p: Plan, layout, pp_degree: int) -> None:
+    cfg = p.parallel.pp
     _positive(c, cfg, "parallel.pp", ("virtual_stages", "microbatches"))
-    points = _normalize_split_points(c, cfg)
+    blocks = layout.blocks if layout is not None else ()
+    points = None
+    if cfg.split_points is not None:
+        points = split_indices(cfg.split_points, blocks)
+        if points is None:
+            bad = next(x for x in cfg.split_points if split_indices([x], blocks) is None)
+            c.fail(f"parallel.pp.split_points[{cfg.split_points.index(bad)}]",
+                   f"expected a block index or a block name "
+                   f"({re.sub(r'[0-9]+$', 'N', blocks[0]) if blocks else 'no blocks'}), got {bad!r}")
+            return
     if cfg.virtual_stages < 1 or (cfg.microbatches is not None and cfg.microbatches < 1):
         return
     if cfg.schedule in MULTI_STAGE_SCHEDULES and pp_degree > 1 and cfg.virtual_stages < 2:
@@ -197,13 +213,17 @@ def _check_pp(c: _Checks, p: Plan, pp_degree: int) -> None:
                f"virtual_stages 1 or use Interleaved1F1B/InterleavedZeroBubble/ZBVZeroBubble",
                "parallel.pp.schedule")
     if pp_degree <= 1:
-        if points:
+        if cfg.split_points:
             c.fail("parallel.pp.split_points", "given but parallel.pp_degree is 1 (no pipeline)",
                    "parallel.pp_degree")
         return
     stages = cfg.num_stages(pp_degree)
     mb = cfg.resolved_microbatches(pp_degree)
     reads = ("parallel.pp_degree", "parallel.pp.virtual_stages")
+    if layout is not None and not get_model_spec(p.model.name).supports_pipeline:
+        c.fail("parallel.pp_degree", f"the {p.model.name} model cannot be pipelined (its spec does not split it "
+               "into stages); set parallel.pp_degree: 1 or register a ModelSpec with supports_pipeline=True")
+        layout = None
     if mb < pp_degree:
         c.fail("parallel.pp.microbatches", f"{mb} is fewer than the {pp_degree} pipeline ranks: stages would sit "
                f"idle and torch's 1F1B rejects it; use >= {pp_degree}", *reads)
@@ -212,22 +232,25 @@ def _check_pp(c: _Checks, p: Plan, pp_degree: int) -> None:
         if mb % rounds:
             c.fail("parallel.pp.microbatches", f"{cfg.schedule} needs microbatches to be a multiple of "
                    f"microbatches // pp_degree = {rounds}, got {mb}", *reads, "parallel.pp.schedule")
-    if m.n_layers < stages:
-        c.fail("model.n_layers", f"{m.n_layers} layers cannot fill {stages} pipeline stages (pp_degree "
+    n_layers = len(blocks)
+    if layout is None:
+        pass
+    elif n_layers < stages:
+        c.fail("model.n_layers", f"{n_layers} layers cannot fill {stages} pipeline stages (pp_degree "
                f"{pp_degree} x virtual_stages {cfg.virtual_stages})", *reads)
     elif points is None:
-        if m.n_layers % stages:
-            c.fail("model.n_layers", f"{m.n_layers} is not divisible by the {stages} pipeline stages (pp_degree "
+        if n_layers % stages:
+            c.fail("model.n_layers", f"{n_layers} is not divisible by the {stages} pipeline stages (pp_degree "
                    f"{pp_degree} x virtual_stages {cfg.virtual_stages}); change n_layers or give "
                    "parallel.pp.split_points", *reads, "parallel.pp.split_points")
-    else:
+    elif points is not None:
         if len(points) != stages - 1:
             c.fail("parallel.pp.split_points", f"needs {stages - 1} points for {stages} stages, got "
                    f"{len(points)}", *reads)
-        elif any(b <= a for a, b in zip(points, points[1:])) or points[0] < 1 or points[-1] > m.n_layers - 1:
+        elif any(b <= a for a, b in zip(points, points[1:])) or points[0] < 1 or points[-1] > n_layers - 1:
             c.fail("parallel.pp.split_points", f"{points} must be strictly increasing layer indices in "
-                   f"[1, {m.n_layers - 1}] (each stage needs at least one layer)", "model.n_layers")
-    if m.tie_embeddings:
+                   f"[1, {n_layers - 1}] (each stage needs at least one layer)", "model.n_layers")
+    if layout is not None and layout.tied:
         c.fail("model.tie_embeddings", "tied embeddings put one weight on the first and the last pipeline "
                "stage; set tie_embeddings: false with parallel.pp_degree > 1", "parallel.pp_degree")
     if p.data.micro_batch_size % mb:
@@ -254,24 +277,33 @@ def _check_data(c: _Checks, p: Plan, dp: int | None) -> None:
                "parallel.dp_shard_degree", "parallel.dp_replicate_degree")
 
 
-def _check_fsdp_ac(c: _Checks, p: Plan) -> None:
-    for i, pattern in enumerate(p.parallel.fsdp.wrap):
-        _check_pattern_hits(c, p, f"parallel.fsdp.wrap[{i}]", pattern)
+def _check_fsdp_ac(c: _Checks, p: Plan, layout) -> None:
+    for i, pattern in enumerate(p.parallel.fsdp.wrap or ()):
+        _check_pattern_hits(c, p, layout, f"parallel.fsdp.wrap[{i}]", pattern)
     ac = p.parallel.activation_checkpoint
     if ac.every_n_layers < 1:
         c.fail("parallel.activation_checkpoint.every_n_layers", f"must be >= 1, got {ac.every_n_layers}")
 
 
 def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | None = None) -> list[str]:
-    """All rule violations as ``"key.path: problem"`` lines. Normalizes the plan in place: fills
-    dp_shard_degree=-1 when the world size is known, turns "layers.N" split points into ints."""
+    """All rule violations as ``"key.path: problem"`` lines (the plan is not changed)."""
     c = _Checks(set(skip or ()))
-    _check_model(c, plan.model)
+    layout = _check_model(c, plan)
     _check_training(c, plan)
-    _check_fsdp_ac(c, plan)
+    _check_fsdp_ac(c, plan, layout)
     degrees = _check_degrees(c, plan, world_size)
     par = plan.parallel
-    _check_tp(c, plan, par.tp_degree if par.tp_degree >= 1 else 1)
-    _check_pp(c, plan, par.pp_degree if par.pp_degree >= 1 else 1)
+    _check_tp(c, plan, layout, par.tp_degree if par.tp_degree >= 1 else 1)
+    _check_pp(c, plan, layout, par.pp_degree if par.pp_degree >= 1 else 1)
     _check_data(c, plan, degrees.dp if degrees else None)
     return c.errors
+
+
+def resolve_plan(plan: Plan, world_size: int | None) -> None:
+    """Fill in what validation established, on a plan that passed ``validate_plan``: ``dp_shard_degree``
+    -1 from the world size, block names in ``pp.split_points`` as indices."""
+    par = plan.parallel
+    if world_size is not None and par.dp_shard_degree == -1:
+        par.dp_shard_degree = par.resolve(world_size).dp_shard
+    if par.pp.split_points is not None:
+        par.pp.split_points = split_indices(par.pp.split_points, model_layout(plan.model).blocks)

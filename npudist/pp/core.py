@@ -1,11 +1,14 @@
 """Pipeline parallelism over ``torch.distributed.pipelining``: split the model into stages, build a schedule.
 
 Splitting is by deep copy + pruning (as torchtitan does): every stage starts as the whole model and keeps
-only its own blocks (``layers`` is a ModuleDict keyed by the global index) plus, on the first stage, the
-embedding and, on the last, the final norm and output head. Parameter names therefore match the
+only its own blocks plus, on the first stage, the modules only the first stage runs (the embedding) and,
+on the last, those only the last runs (final norm, head). Which modules those are comes from the caller
+(the model spec's layout: ``blocks``, ``first``, ``last`` as module names), so this module names no model
+attribute. The model's ``forward`` must skip a module set to None, and its blocks must live in a
+``ModuleDict`` (deleting from a ``ModuleList`` would renumber them). Parameter names therefore match the
 unsplit model, which is what checkpoints and the parity tests compare by.
 
-Stage layer ranges and stage placement come from ``npudist.mesh.layout`` (shared with ``npudist plan check``):
+Stage block ranges and stage placement come from ``npudist.plan.ranks`` (shared with ``npudist plan check``):
 looped schedules give pp rank ``r`` stages ``r, r + pp, ...``; the V-shaped ZBVZeroBubble gives rank ``r``
 stages ``r`` and ``2 pp - 1 - r``.
 """
@@ -18,11 +21,11 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
-
-from npudist.mesh.layout import stage_layer_ranges, stages_of_rank
 from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle,
                                                     Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                                     ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+
+from npudist.plan.ranks import stage_layer_ranges, stages_of_rank
 
 SCHEDULES = {
     "GPipe": ScheduleGPipe,
@@ -33,27 +36,51 @@ SCHEDULES = {
 }
 
 
-def split_stage(model: nn.Module, stage_id: int, num_stages: int, layers: range) -> nn.Module:
-    """A copy of ``model`` that keeps only what stage ``stage_id`` runs."""
-    if model.args.tie_embeddings and num_stages > 1:
-        raise ValueError("model.tie_embeddings: true cannot be pipelined (embedding and output head sit on "
-                         "different stages); set it to false or parallel.pp_degree to 1")
+def _remove(model: nn.Module, fqn: str, delete: bool) -> None:
+    parent, _, child = fqn.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    if delete:
+        delattr(owner, child)
+    else:
+        setattr(owner, child, None)
+
+
+def split_stage(model: nn.Module, stage_id: int, num_stages: int, layers: range, blocks: list[str],
+                first: list[str], last: list[str]) -> nn.Module:
+    """A copy of ``model`` that keeps only what stage ``stage_id`` runs: the blocks (module names) at the
+    indices ``layers``, the ``first`` modules on stage 0 and the ``last`` modules on the final stage."""
+    shared = _shared_across(model, first, last)
+    if shared and num_stages > 1:
+        raise ValueError(f"{shared[0]} and {shared[1]} share a weight but sit on different pipeline stages; "
+                         "untie them (model.tie_embeddings: false) or set parallel.pp_degree to 1")
     stage = copy.deepcopy(model)
-    for name in list(stage.layers):
-        if int(name) not in layers:
-            del stage.layers[name]
+    for i, fqn in enumerate(blocks):
+        if i not in layers:
+            _remove(stage, fqn, delete=True)
     if stage_id != 0:
-        stage.tok_embeddings = None
+        for fqn in first:
+            _remove(stage, fqn, delete=False)
     if stage_id != num_stages - 1:
-        stage.norm = None
-        stage.output = None
+        for fqn in last:
+            _remove(stage, fqn, delete=False)
     return stage
 
 
+def _shared_across(model: nn.Module, first: list[str], last: list[str]) -> tuple[str, str] | None:
+    """A (first-stage module, last-stage module) pair holding the same parameter, if any."""
+    owners = {id(p): f for f in first for p in model.get_submodule(f).parameters()}
+    for name in last:
+        for p in model.get_submodule(name).parameters():
+            if id(p) in owners:
+                return owners[id(p)], name
+    return None
+
+
 def build_pipeline(model: nn.Module, pp_mesh: DeviceMesh, pp_cfg, device: torch.device,
-                   loss_fn: Callable, n_microbatches: int,
-                   parallelize_stage: Callable[[nn.Module], nn.Module] | None = None):
+                   loss_fn: Callable, n_microbatches: int, blocks: list[str], first: list[str] = (),
+                   last: list[str] = (), parallelize_stage: Callable[[nn.Module], nn.Module] | None = None):
     """Split ``model`` over ``pp_mesh`` per ``pp_cfg`` (a ``PPConfig``) and build its schedule.
+    ``blocks``, ``first``, ``last``: module names as in ``split_stage``.
 
     ``parallelize_stage`` is applied to each stage module before it is wrapped (TP, AC, FSDP), which is
     the torchtitan order: PP split first, then the other parallelisms inside each stage.
@@ -70,12 +97,12 @@ def build_pipeline(model: nn.Module, pp_mesh: DeviceMesh, pp_cfg, device: torch.
         raise ValueError(f"parallel.pp.schedule={pp_cfg.schedule} runs one stage per rank; set "
                          "parallel.pp.virtual_stages: 1 or use Interleaved1F1B / ZBVZeroBubble")
     num_stages = pp_degree * pp_cfg.virtual_stages
-    bounds = stage_layer_ranges(model.args.n_layers, num_stages, pp_cfg.split_points)
+    bounds = stage_layer_ranges(len(blocks), num_stages, pp_cfg.split_points)
     stage_ids = stages_of_rank(pp_rank, pp_degree, pp_cfg.virtual_stages, pp_cfg.schedule)
     group = pp_mesh.get_group()
     modules, stages = [], []
     for sid in stage_ids:
-        part = split_stage(model, sid, num_stages, bounds[sid])
+        part = split_stage(model, sid, num_stages, bounds[sid], list(blocks), list(first), list(last))
         if parallelize_stage is not None:
             part = parallelize_stage(part)
         modules.append(part)

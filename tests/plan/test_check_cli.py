@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from npudist.cli import main
-from npudist.mesh.layout import rank_coordinates
+from npudist.plan.ranks import rank_coordinates
 from npudist.plan import load_plan
 from npudist.plan.check import check_plan, report_dict
 from npudist.plan.estimate import estimate_all
-from npudist.plan.llama_layout import count_params
+from npudist.plan.check import count_params
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,7 +96,7 @@ def test_memory_estimate_shards_parameters():
     _, pp = per_rank({"pp_degree": 2, "pp": {"microbatches": 2}}, 2)
     assert pp[0].params + pp[1].params == total
     assert pp[0].holds_embedding and not pp[0].holds_head and pp[1].holds_head
-    assert pp[0].layers == [0, 1] and pp[1].layers == [2, 3]
+    assert pp[0].blocks == [0, 1] and pp[1].blocks == [2, 3]
 
 
 def test_memory_estimate_activation_knobs():

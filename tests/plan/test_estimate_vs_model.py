@@ -1,10 +1,11 @@
-"""The torch-free Llama layout and per-rank parameter estimate agree with the real model and with what the
+"""The torch-free Llama layout (npudist.models.llama_spec) and per-rank parameter estimate agree with the real model and with what the
 real wrappers (npudist.parallelize over build_mesh, gloo) leave on each rank."""
 import pytest
 
 from npudist.plan import load_plan
 from npudist.plan.estimate import estimate_rank
-from npudist.plan.llama_layout import count_params, module_names, param_shapes
+from npudist.models.llama_spec import module_names, param_shapes
+from npudist.plan.check import count_params
 
 from .dist_helpers import run_ranks
 
@@ -15,7 +16,7 @@ MODEL = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden_di
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_layout_matches_real_model(tied):
-    models = pytest.importorskip("npudist.models")
+    from npudist import models
     cfg = load_plan({"model": {**MODEL, "tie_embeddings": tied}, "data": {"seq_len": 32}}).model
     model = models.build_model(cfg)
     assert module_names(cfg) == [n for n, _ in model.named_modules() if n]
@@ -73,5 +74,5 @@ def test_estimate_matches_parallelized_model(index, name, real_shards):
     for rank, per_plan in enumerate(real_shards):
         numel, layers = per_plan[index]
         est = estimate_rank(plan, degrees, rank)
-        assert est.layers == layers, f"rank {rank}"
+        assert est.blocks == layers, f"rank {rank}"
         assert est.params == numel, f"rank {rank}: estimate {est.params} vs real {numel}"

@@ -3,7 +3,7 @@ pipelining's stage-to-rank mapping (checked here without processes)."""
 import pytest
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
-from npudist.mesh.layout import group_ranks, rank_coordinates, rank_of, stage_layer_ranges, stages_of_rank
+from npudist.plan.ranks import group_ranks, rank_coordinates, rank_of, stage_layer_ranges, stages_of_rank
 from npudist.plan.schema import ParallelDegrees
 
 pytestmark = pytest.mark.timeout(60)

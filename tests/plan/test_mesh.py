@@ -2,7 +2,7 @@
 the torch-free rank_coordinates, and every sub-mesh group reduces over exactly the expected peers."""
 import pytest
 
-from npudist.mesh.layout import group_ranks, rank_coordinates
+from npudist.plan.ranks import group_ranks, rank_coordinates
 from npudist.plan.schema import ParallelDegrees
 
 from .dist_helpers import run_ranks

@@ -8,8 +8,11 @@ import pytest
 import torch
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
-from npudist.models import LlamaArgs, Transformer, build_llama_tp_plan, check_tp_divisibility
-from npudist.plan import ScheduleConfig, TPConfig
+from npudist.models.llama import Transformer
+from npudist.models.llama_spec import llama_layout
+from npudist.models.rules import check_transformer
+from npudist.models.tp_plan import build_llama_tp_plan
+from npudist.plan import ModelConfig, ScheduleConfig, TPConfig
 from npudist.pp import split_stage
 from npudist.tp import resolve_tp_plan
 from npudist.train import clip_grad_norm_, lr_factor
@@ -42,8 +45,14 @@ def test_clip_matches_torch(norm_type):
 
 def _tiny(**kw):
     torch.manual_seed(0)
-    return Transformer(LlamaArgs(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
-                                 max_seq_len=32, **kw))
+    return Transformer(ModelConfig(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
+                                   max_seq_len=32, **kw))
+
+
+def _split(model, stage_id, num_stages, layers):
+    layout = llama_layout(model.args)
+    return split_stage(model, stage_id, num_stages, layers, list(layout.blocks), list(layout.first),
+                       list(layout.last))
 
 
 def test_model_gqa_causal_and_tied():
@@ -60,7 +69,7 @@ def test_model_gqa_causal_and_tied():
     with pytest.raises(ValueError, match="max_seq_len"):
         m(torch.zeros(1, 40, dtype=torch.long))
     with pytest.raises(ValueError, match="n_kv_heads"):
-        LlamaArgs(dim=32, n_heads=4, n_kv_heads=3)
+        Transformer(ModelConfig(dim=32, n_heads=4, n_kv_heads=3))
 
 
 def test_tied_embeddings_stay_tied_across_device_moves():
@@ -77,7 +86,7 @@ def test_tied_embeddings_stay_tied_across_device_moves():
 def test_pipeline_split_keeps_names_and_covers_model():
     m = _tiny()
     full = dict(m.named_parameters())
-    stages = [split_stage(m, i, 4, range(i, i + 1)) for i in range(4)]
+    stages = [_split(m, i, 4, range(i, i + 1)) for i in range(4)]
     names = [set(dict(s.named_parameters())) for s in stages]
     assert set().union(*names) == set(full) and sum(map(len, names)) == len(full)
     assert "tok_embeddings.weight" in names[0] and "output.weight" in names[3]
@@ -91,7 +100,7 @@ def test_pipeline_split_keeps_names_and_covers_model():
         out = s(out)
     torch.testing.assert_close(out, m(x))
     with pytest.raises(ValueError, match="tie_embeddings"):
-        split_stage(_tiny(tie_embeddings=True), 0, 2, range(0, 2))
+        _split(_tiny(tie_embeddings=True), 0, 2, range(0, 2))
 
 
 def test_builtin_and_pattern_tp_plans():
@@ -109,8 +118,9 @@ def test_builtin_and_pattern_tp_plans():
         resolve_tp_plan(m, TPConfig(plan={"output": "diagonal"}))
     with pytest.raises(ValueError, match="more than one pattern"):
         resolve_tp_plan(m, TPConfig(plan={"output": "colwise", "outp*": "rowwise"}))
-    with pytest.raises(ValueError, match="n_kv_heads=2 is not divisible by parallel.tp_degree=4"):
-        check_tp_divisibility(m.args, 4)
+    assert check_transformer(m.args, 4) == [
+        "model.n_kv_heads: 2 is not divisible by parallel.tp_degree=4 (tensor parallelism splits it evenly over "
+        "the tp ranks)"]
 
 
 @pytest.mark.parametrize("mode,policy,expected", [("full", "layer", [2, 2, 2, 2]),
@@ -121,7 +131,8 @@ def test_activation_checkpointing_recomputes_and_matches(mode, policy, expected)
     from npudist.fsdp import apply_activation_checkpointing
     from npudist.plan import ACConfig
     ref, m = _tiny(), _tiny()
-    apply_activation_checkpointing(m, ACConfig(mode=mode, selective_policy=policy, every_n_layers=2))
+    apply_activation_checkpointing(m, ACConfig(mode=mode, selective_policy=policy, every_n_layers=2),
+                                   list(llama_layout(m.args).blocks))
     calls = [0] * 4
     for i, block in m.layers.items():
         # pre-hook on the first submodule: recomputation stops early once it has what backward needs

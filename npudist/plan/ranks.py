@@ -6,7 +6,7 @@ peers are neighbouring ranks (on real hardware: the same node) -- exactly as ``i
 """
 from __future__ import annotations
 
-from npudist.plan.schema import V_SHAPED_SCHEDULES, ParallelDegrees
+from .schema import V_SHAPED_SCHEDULES, ParallelDegrees
 
 MESH_DIM_NAMES = ParallelDegrees.DIM_NAMES
 
@@ -38,7 +38,7 @@ def group_ranks(degrees: ParallelDegrees, dim: str, rank: int) -> list[int]:
 
 
 def stage_layer_ranges(n_layers: int, num_stages: int, split_points: list[int] | None = None) -> list[range]:
-    """Transformer-block indices of every pipeline stage. Without split points the blocks are spread
+    """Block indices (positions in the model spec's ``blocks``) of every pipeline stage. Without split points the blocks are spread
     evenly (the plan validator requires n_layers % num_stages == 0 then)."""
     if num_stages < 1 or n_layers < num_stages:
         raise ValueError(f"cannot split {n_layers} layers into {num_stages} stages")

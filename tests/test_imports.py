@@ -1,0 +1,179 @@
+"""Import structure: `import torch` registers npudist (autoload), torch-free layers load no torch and no C++
+extension, no two npudist subpackages import each other, and the layers below the model specs name no
+model attribute."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(REPO, "npudist")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("TORCH_DEVICE_BACKEND_AUTOLOAD",
+                                                           "NPUDIST_DEVICE_COUNT")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=150,
+                          cwd=REPO)
+
+
+def test_import_torch_alone_brings_npu_and_hccl():
+    r = _python("import torch, torch.distributed as dist\n"
+                "print(torch.npu.device_count(), torch.ones(2, device='npu').sum().item(), "
+                "dist.is_backend_available('hccl'))")
+    assert r.returncode == 0, r.stderr
+    count, total, hccl = r.stdout.split()
+    assert int(count) >= 1 and float(total) == 2.0 and hccl == "True"
+
+
+def test_autoload_switch_off_then_explicit_register():
+    r = _python("import sys, torch\n"
+                "print(hasattr(torch, 'npu'), 'npudist' in sys.modules)\n"
+                "import npudist\n"
+                "print(hasattr(torch, 'npu'))\n"
+                "npudist.register()\n"
+                "print(torch.npu.device_count() >= 1)", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "False", "True"]
+
+
+def test_broken_npudist_leaves_torch_importable_with_an_actionable_warning():
+    # A malformed device setting makes device registration raise; `import torch` must still work.
+    r = _python("import warnings\nwarnings.simplefilter('always')\nimport torch\n"
+                "print(torch.ones(3).sum().item(), hasattr(torch, 'npu'))", NPUDIST_DEVICE_COUNT="abc")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3.0", "False"]
+    assert "npudist: the npu device and hccl backend were not registered" in r.stderr
+    assert "NPUDIST_DEVICE_COUNT='abc'" in r.stderr and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in r.stderr
+    r = _python("import npudist\nnpudist.register()", NPUDIST_DEVICE_COUNT="abc", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode != 0 and "NPUDIST_DEVICE_COUNT" in r.stderr
+
+
+def test_torch_free_layers_load_no_torch_and_no_extension():
+    r = _python("import sys\nimport npudist, npudist.plan, npudist.models, npudist.cli\n"
+                "from npudist.plan.check import check_plan\n"
+                "check_plan('examples/plans/fsdp_tp.yaml', 4)\n"
+                "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
+                "or m.endswith('._C')))")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# --- the import graph, from source --------------------------------------------------------------------
+
+def _unit(path: str) -> str | None:
+    """Top-level unit of npudist a source file belongs to (subpackage or module); None for the root."""
+    rel = os.path.relpath(path, PKG).split(os.sep)
+    if rel == ["__init__.py"]:
+        return None
+    return rel[0][:-3] if rel[0].endswith(".py") else rel[0]
+
+
+def _units() -> set[str]:
+    return {n[:-3] if n.endswith(".py") else n for n in os.listdir(PKG)
+            if (n.endswith(".py") and n != "__init__.py") or os.path.isfile(os.path.join(PKG, n, "__init__.py"))}
+
+
+def _imported_units(path: str, units: set[str]) -> set[str]:
+    """npudist units a file imports, at any level (function-local imports count: they are still edges)."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    rel = os.path.relpath(path, REPO)[:-3].split(os.sep)
+    package = rel[:-1] if rel[-1] != "__init__" else rel[:-1]
+    if rel[-1] == "__init__":
+        package = rel[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            names = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "npudist" and len(parts) > 1 and parts[1] in units:
+                out.add(parts[1])
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    units, graph = _units(), {}
+    for root, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                unit = _unit(path)
+                if unit is not None:
+                    graph.setdefault(unit, set()).update(_imported_units(path, units) - {unit})
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_import_graph_detector_sees_edges():
+    graph = import_graph()
+    assert "models" in graph["parallelize"] and "models" in graph["plan"] and "plan" in graph["mesh"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycles_between_npudist_units():
+    cycle = _cycle(import_graph())
+    assert cycle is None, f"npudist units import each other: {' -> '.join(cycle)}"
+
+
+MODEL_NAMES = ("tok_embeddings", "layers", "norm", "output", "lm_head", "embed_tokens")
+MODEL_FREE = ("fsdp", "tp", "pp", "plan", "mesh")
+
+
+def _model_name_uses(path: str) -> list[str]:
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    pattern = re.compile(r"^(model\.)?(%s)(\.|$)" % "|".join(MODEL_NAMES))
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in MODEL_NAMES + ("args",):
+            hits.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.match(node.value):
+            hits.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {node.value!r}")
+    return hits
+
+
+def test_parallel_and_plan_layers_name_no_model_attribute():
+    hits = []
+    for unit in MODEL_FREE:
+        for root, _, files in os.walk(os.path.join(PKG, unit)):
+            hits += [h for f in files if f.endswith(".py") for h in _model_name_uses(os.path.join(root, f))]
+    assert not hits, "model attributes named outside npudist.models:\n" + "\n".join(hits)
