@@ -197,7 +197,8 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     if par.fsdp.cpu_offload and shard > 1:
         notes.append("fsdp.cpu_offload: parameters, gradients and optimizer state in host memory")
     return RankEstimate(
-        rank=rank, coords=coords, stages=stages, blocks=layers, holds_embedding=first, holds_head=head,
+        rank=rank, coords=coords, stages=stages, blocks=layers, holds_embedding=first and bool(layout.first),
+        holds_head=head and layout.head is not None,
         params=held, param_bytes=param_b, grad_bytes=param_b, optim_bytes=ADAMW_STATES * param_b,
         gather_bytes=gather, activation_bytes=activations, offloaded=par.fsdp.cpu_offload and shard > 1,
         notes=notes)

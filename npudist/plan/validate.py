@@ -61,7 +61,7 @@ def _check_model(c: _Checks, p: Plan):
         return None
     problems = spec.check(m, p.parallel)
     c.errors.extend(problems)
-    if problems:
+    if any(x.startswith("model.") for x in problems):   # an invalid model cannot be laid out
         return None
     try:
         return model_layout(m)
