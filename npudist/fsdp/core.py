@@ -2,8 +2,9 @@
 
 ``apply_fsdp`` wraps each module matching ``fsdp_cfg.wrap`` (default: the model spec's units, the
 transformer blocks of the built-in models) as its own FSDP unit, then the root, so parameters are
-all-gathered one block at a time and the root unit holds the rest (embeddings, final norm, output). Over a 2-D data-parallel mesh (dp_replicate, dp_shard) this is HSDP;
-over a 1-D replicate-only mesh it is FSDP2's ``replicate``. Tensor-parallel DTensor parameters compose
+all-gathered one block at a time and the root unit holds the rest (embeddings, final norm, output).
+Modules sharing a parameter (tied weights) are left to the root. Over a 2-D data-parallel mesh
+(dp_replicate, dp_shard) this is HSDP; over a 1-D replicate-only mesh it is FSDP2's ``replicate``. Tensor-parallel DTensor parameters compose
 (2-D FSDP x TP) as long as both meshes are slices of the same root mesh.
 """
 from __future__ import annotations

@@ -38,8 +38,8 @@ def group_ranks(degrees: ParallelDegrees, dim: str, rank: int) -> list[int]:
 
 
 def stage_layer_ranges(n_layers: int, num_stages: int, split_points: list[int] | None = None) -> list[range]:
-    """Block indices (positions in the model spec's ``blocks``) of every pipeline stage. Without split points the blocks are spread
-    evenly (the plan validator requires n_layers % num_stages == 0 then)."""
+    """Block indices (positions in the model layout's ``blocks``) of every pipeline stage. Without split
+    points the blocks are spread evenly (the plan validator requires n_layers % num_stages == 0 then)."""
     if num_stages < 1 or n_layers < num_stages:
         raise ValueError(f"cannot split {n_layers} layers into {num_stages} stages")
     if split_points is None:

@@ -4,8 +4,8 @@ calls ``parallelize_module`` once (no reimplementation of sharding).
 Plan styles and the layouts they get (``seq`` is ``Shard(1)`` with sequence parallelism, else ``Replicate``):
 
 * ``colwise``   ``ColwiseParallel()``; on the model's output head (``head``, from the model spec): input
-                ``seq``, output ``Replicate`` (or
-                the vocab-sharded ``Shard(-1)`` DTensor with ``loss_parallel``).
+                ``seq``, output ``Replicate`` (or the vocab-sharded ``Shard(-1)`` DTensor with
+                ``loss_parallel``).
 * ``rowwise``   ``RowwiseParallel(output_layouts=seq)``; on an ``nn.Embedding`` the token ids come in
                 replicated.
 * ``sequence_parallel``  ``SequenceParallel()`` (norms between blocks).

@@ -43,7 +43,8 @@ def _init_distributed(plan) -> tuple[int, int]:
                           MASTER_PORT=str(port))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if plan.training.device == "npu":
-        import npudist  # noqa: F401  (registers the npu device and the hccl backend)
+        import npudist
+        npudist.register()   # npu device + hccl backend (already done by `import torch` unless autoload is off)
         torch.npu.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(plan.training.resolved_backend)
@@ -74,7 +75,7 @@ def _train(plan, rank: int, world: int, log_stream) -> RunResult:
     mesh = build_mesh(plan.parallel, device_type=plan.training.device)
     set_seed(plan.training.seed, plan.training.deterministic)
     model = build_model(plan.model)   # same init on every rank; parallelize splits and shards it
-    n_params = model.num_params()
+    n_params = sum(p.numel() for p in model.parameters())   # any model spec's module (tied weights once)
     pm = parallelize(model, plan, mesh)
     del model
     optimizer = build_optimizer(list(pm.named_parameters()), plan.optimizer)

@@ -25,7 +25,8 @@ def _worker(rank, world, port, backend, fn, args, out):
         if backend == "hccl":
             import torch
 
-            import npudist  # noqa: F401  registers the npu device and the hccl backend
+            import npudist
+            npudist.register()   # npu device + hccl backend (done by `import torch` unless autoload is off)
             torch.npu.set_device(rank)   # as npurun's worker bootstrap does (LOCAL_RANK)
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
         try:

@@ -311,3 +311,18 @@ def test_data_path_must_exist(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("hello")
     assert load_plan({"data": {"path": str(corpus)}}).data.path == str(corpus)
+
+
+def test_validation_reads_the_plan_and_load_plan_resolves_it():
+    import copy
+
+    from npudist.plan import Plan, validate_plan
+    from npudist.plan.convert import convert_dataclass
+    data = {"parallel": {"pp_degree": 2, "pp": {"split_points": ["layers.1"]}},
+            "data": {"micro_batch_size": 4, "global_batch_size": 8}}
+    plan = convert_dataclass(copy.deepcopy(data), Plan, "", [])
+    before = copy.deepcopy(plan)
+    assert validate_plan(plan, world_size=4) == []
+    assert plan == before                                  # dp_shard_degree -1 and "layers.1" untouched
+    loaded = load_plan(data, world_size=4)
+    assert loaded.parallel.dp_shard_degree == 2 and loaded.parallel.pp.split_points == [1]

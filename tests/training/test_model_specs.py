@@ -125,7 +125,7 @@ def test_user_module_plan_errors():
         load_plan({"model": USER, "parallel": {"pp_degree": 2, "dp_shard_degree": 1}, "data": {"micro_batch_size": 2}})
     with pytest.raises(PlanError, match="parallel.tp.plan: a user module has no built-in tensor-parallel plan"):
         load_plan({"model": USER, "parallel": {"tp_degree": 2, "dp_shard_degree": 1}})
-    with pytest.raises(PlanError, match=r"model.name: 'lamma' is not a registered model spec \(did you mean \"llama\"\?\)"):
+    with pytest.raises(PlanError, match=r"model.name: 'lamma' is not a registered model spec \(did you mean"):
         load_plan({"model": {"name": "lamma"}})
 
 
