@@ -10,17 +10,20 @@ import sys
 import pytest
 
 from npudist.cli import main
-from npudist.plan.ranks import rank_coordinates
 from npudist.plan import load_plan
-from npudist.plan.check import check_plan, report_dict
+from npudist.plan.check import check_plan, count_params, report_dict
 from npudist.plan.estimate import estimate_all
-from npudist.plan.check import count_params
+from npudist.plan.ranks import rank_coordinates
 
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLANS = sorted(glob.glob(os.path.join(ROOT, "examples", "plans", "*.yaml")))
-EXPECTED = {"fsdp", "tp", "pp_1f1b", "pp_interleaved", "fsdp_tp", "pp_fsdp", "3d"}
+EXPECTED = {"fsdp", "tp", "pp_1f1b", "pp_interleaved", "fsdp_tp", "pp_fsdp", "3d", "hf_llama_fsdp_tp", "hf_qwen2_pp",
+            "user_module"}
+# user_module.yaml names examples/user_model.py, which examples/train.py imports from its own directory.
+if os.path.join(ROOT, "examples") not in sys.path:
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
 def documented_world_size(path):
