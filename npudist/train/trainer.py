@@ -33,7 +33,7 @@ class RunResult:
     final_step: int
 
 
-def _init_distributed(plan) -> tuple[int, int]:
+def _init_distributed(plan) -> None:
     if "WORLD_SIZE" not in os.environ:
         # One-rank world (python examples/train.py): a private TCP store on a free port.
         with socket.socket() as s:
@@ -47,7 +47,6 @@ def _init_distributed(plan) -> tuple[int, int]:
         torch.npu.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(plan.training.resolved_backend)
-    return dist.get_rank(), dist.get_world_size()
 
 
 def _quiet_known_warnings() -> None:
@@ -63,14 +62,17 @@ def _quiet_known_warnings() -> None:
 def run(plan, log_stream=None) -> RunResult:
     """Train per ``plan`` (validated for this world size). Raises ``NonFiniteLossError`` on a NaN/inf loss."""
     _quiet_known_warnings()
-    rank, world = _init_distributed(plan)
+    _init_distributed(plan)
     try:
-        return _train(plan, rank, world, log_stream)
+        return train(plan, log_stream)
     finally:
         dist.destroy_process_group()
 
 
-def _train(plan, rank: int, world: int, log_stream) -> RunResult:
+def train(plan, log_stream=None) -> RunResult:
+    """The run itself, in an already initialized default process group (``run`` sets one up and tears it
+    down; tests run several plans in one group)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     mesh = build_mesh(plan.parallel, device_type=plan.training.device)
     set_seed(plan.training.seed, plan.training.deterministic)
     model = build_model(plan.model)   # same init on every rank; parallelize splits and shards it
@@ -98,7 +100,8 @@ def _train(plan, rank: int, world: int, log_stream) -> RunResult:
                    f"data {os.path.basename(path)} ({dataset.num_windows} windows of {plan.data.seq_len}) | "
                    f"global batch {plan.data.global_batch_size} = micro {plan.data.micro_batch_size} x dp {dp} "
                    f"x accum {accum} | {steps} steps")
-    ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, dp_rank, steps)
+    ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, plan.data.global_batch_size,
+                        steps)
     start = ckpt.load()
     if start:
         logger.message(f"resumed from {plan.checkpoint.folder}/step-{start}")
