@@ -18,6 +18,8 @@ from _train_spawn import run_ranks
 from npudist.data import default_corpus_path
 from test_train_run import DEVICE, _run
 
+KILLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kill_mid_save.py")
+
 # Different layouts reduce in different orders: the parity tests' bound (1e-5 relative). A resume under the
 # saving layout itself must reproduce the uninterrupted run bit for bit.
 CROSS_RTOL = 1e-5
@@ -48,6 +50,32 @@ def test_resume_under_every_layout_matches_uninterrupted_run(tmp_path):
     refused = res["refused"]
     assert refused is not None, "a resume with another global batch size must be refused"
     assert "global_batch_size 8 -> 16" in refused and "step-2" in refused, refused
+
+
+def _losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path))}
+
+
+@pytest.mark.timeout(300)
+def test_kill_during_save_resumes_from_the_previous_save(tmp_path):
+    folder = tmp_path / "ck"
+    common = ["--checkpoint.enable_checkpoint", "true", "--checkpoint.folder", str(folder),
+              "--checkpoint.interval", "2"]
+    killed = _run(tmp_path, common, nproc=2, steps=4, lr=1e-2, script=KILLER, env={"KILL_SAVE_STEP": "4"})
+    assert killed.returncode == 1, (killed.returncode, killed.stderr[-3000:])
+    assert "signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    uninterrupted = _losses(tmp_path / "m.jsonl")   # steps 1-4 were trained and logged before the save of 4
+    assert sorted(uninterrupted) == [1, 2, 3, 4]
+    assert sorted(os.listdir(folder)) == [".tmp-step-4", "step-2"], os.listdir(folder)
+    assert not os.path.exists(folder / ".tmp-step-4" / ".metadata")
+    os.remove(tmp_path / "m.jsonl")   # the metrics file is appended to
+
+    resumed = _run(tmp_path, common, nproc=2, steps=4, lr=1e-2)   # load_step -1: the newest complete save
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {folder}/step-2" in resumed.stdout, resumed.stdout[-3000:]
+    got = _losses(tmp_path / "m.jsonl")
+    assert got == {3: uninterrupted[3], 4: uninterrupted[4]}, (got, uninterrupted)
+    assert sorted(os.listdir(folder)) == ["step-2", "step-4"]   # the interrupted save was cleaned up and redone
 
 
 @pytest.mark.timeout(120)

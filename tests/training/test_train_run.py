@@ -24,16 +24,16 @@ logging: {{log_every: 1, metrics_path: {metrics}}}
 """
 
 
-def _run(tmp_path, argv, nproc=1, timeout=150, **fmt):
+def _run(tmp_path, argv, nproc=1, timeout=150, script=TRAIN, env=None, **fmt):
     plan = tmp_path / "plan.yaml"
     fmt.setdefault("micro", 4)
     plan.write_text(TINY.format(device=DEVICE, metrics=tmp_path / "m.jsonl", **fmt))
-    env = dict(os.environ, NPUDIST_DATA_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, NPUDIST_DATA_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", **(env or {}))
     if nproc == 1:
-        cmd = [sys.executable, TRAIN, "--config", str(plan), *argv]
+        cmd = [sys.executable, script, "--config", str(plan), *argv]
     else:
         cmd = [sys.executable, "-m", "npudist.launch", "--nproc", str(nproc), "--device", DEVICE,
-               "--master-port", str(free_port()), TRAIN, "--config", str(plan), *argv]
+               "--master-port", str(free_port()), script, "--config", str(plan), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(tmp_path))
 
 
