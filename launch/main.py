@@ -109,6 +109,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.logs_specs is not None:
         raise LaunchError("--logs-specs is not supported by npurun: its rank prefixes and summaries need "
                           "npurun's own LogsSpecs (use torchrun for a custom one)")
+    if getattr(args, "numa_binding", None):
+        raise LaunchError("--numa-binding is not supported by npurun: torch's NUMA binding locates each worker's "
+                          "CUDA device (torch.cuda); bind workers with numactl or taskset instead")
     if args.virtual_local_rank and args.device == "npu":
         raise LaunchError("--virtual-local-rank is not supported with --device npu: every worker sees all "
                           "visible npu devices and is bound to npu:LOCAL_RANK")
