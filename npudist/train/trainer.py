@@ -20,7 +20,7 @@ from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
 from npudist.models import build_model
 from npudist.parallelize import parallelize
 from npudist.train.checkpoint import Checkpointer
-from npudist.train.metrics import MetricsLogger
+from npudist.train.metrics import MetricsLogger, reset_peak_memory
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 from npudist.train.seed import set_seed
 from npudist.train.step import NonFiniteLossError, train_step
@@ -100,6 +100,9 @@ def train(plan, log_stream=None) -> RunResult:
                    f"data {os.path.basename(path)} ({dataset.num_windows} windows of {plan.data.seq_len}) | "
                    f"global batch {plan.data.global_batch_size} = micro {plan.data.micro_batch_size} x dp {dp} "
                    f"x accum {accum} | {steps} steps")
+    outputs = logger.describe_outputs()
+    if outputs:
+        logger.message(outputs)
     ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, plan.data.global_batch_size,
                         steps)
     start = ckpt.load()
@@ -108,6 +111,7 @@ def train(plan, log_stream=None) -> RunResult:
     losses, rates = [], []
     try:
         for step in range(start + 1, steps + 1):
+            reset_peak_memory(pm.device)
             t0 = time.perf_counter()
             batches = [dataset.next_batch() for _ in range(accum)]
             lr = scheduler.get_last_lr()[0]
