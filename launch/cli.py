@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--hccl-buffsize", "--hccl_buffsize", type=_positive_int, default=None, metavar="MB",
         help="Per-rank hccl staging buffer in MB (sets HCCL_BUFFSIZE).")
 
+    npu.add_argument(
+        "--no-plan-check", "--no_plan_check", action="store_true",
+        help="Do not validate an npudist plan before starting the ranks. By default, when the program's "
+        "arguments hold --config PLAN.yaml and the file is an npudist plan, npurun validates it (with the "
+        "program's --section.key overrides) for the job's world size and, if it is invalid, prints its "
+        "errors once and exits 2 without starting any rank.")
+
     out = parser.add_argument_group("output options (npurun)")
     out.add_argument(
         "--ranks-filter", "--ranks_filter", type=_rank_list, default=None, metavar="R1,R2,...",
