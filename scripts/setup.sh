@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Create .venv (Python 3.11), install torch==2.13.0 + deps, install npudist editable, and build the C++
 # extensions in place (incremental: ninja rebuilds only changed files). Idempotent; safe to re-run.
+# Progress: one "[setup]" line per step, pip's Collecting/Downloading/Installed lines, and one line per
+# compiled C++ file (ninja's [n/N] counter); the full compiler output goes to build_ext.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+say() { echo "[setup] $*"; }
+# pip's own progress lines, prefixed; everything else it prints (notices, warnings) is dropped.
+show_pip() { sed -nu -E 's/^ *(Collecting|Downloading|Installing collected|Successfully installed|ERROR)(.*)/[setup]   \1\2/p'; }
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $PY"
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
@@ -12,17 +18,27 @@ stamp=.setup-stamp
 want=$(cat pyproject.toml setup.py requirements-test.txt | sha1sum | cut -c1-12)
 if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   # torch is pinned exactly: a looser pin pulls a multi-GB CUDA build.
-  $VPY -m pip install -q --disable-pip-version-check "torch==2.13.0" pyyaml numpy pybind11 ninja \
-      pytest pytest-xdist pytest-timeout 2>&1 | grep -v '^WARNING: Location' || true
+  say "installing torch==2.13.0 and the build/test tools (pip; a first install downloads ~200 MB)"
+  $VPY -m pip install --disable-pip-version-check "torch==2.13.0" pyyaml numpy pybind11 ninja \
+      pytest pytest-xdist pytest-timeout 2>&1 | show_pip || true
   # Test-only dependencies (pinned; not runtime dependencies of npudist).
-  $VPY -m pip install -q --disable-pip-version-check -r requirements-test.txt 2>&1 | grep -v '^WARNING: Location' || true
+  say "installing test-only dependencies (requirements-test.txt)"
+  $VPY -m pip install --disable-pip-version-check -r requirements-test.txt 2>&1 | show_pip || true
   $VPY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch 2.13.0 required')"
   # Package metadata + console scripts (npurun, npudist) without compiling; extensions are built below.
+  say "installing npudist (editable; npurun and npudist commands)"
   NPUDIST_SKIP_EXT=1 $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
       2>&1 | grep -v '^WARNING: Location' || true
   echo "$want" > $stamp
 fi
 start=$(date +%s)
-MAX_JOBS=${MAX_JOBS:-$(nproc)} $VPY setup.py -q build_ext --inplace >build_ext.log 2>&1 || {
-  tail -n 60 build_ext.log; echo "C++ build failed (full log: build_ext.log)" >&2; exit 1; }
-echo "[setup] extensions built in $(( $(date +%s) - start ))s"
+log="$PWD/build_ext.log"
+jobs=${MAX_JOBS:-$(nproc)}
+say "building the C++ extensions (ninja, $jobs jobs; a first build takes 2-5 min on 2 cores: files that" \
+    "include torch headers take ~50 s each). Full log: $log"
+# ninja prints "[n/N] c++ ... -c <source> ..." as each file finishes; show "[n/N] <source>" only.
+if ! MAX_JOBS=$jobs $VPY setup.py -q build_ext --inplace 2>&1 | tee "$log" \
+    | sed -nu -E "s#^\[([0-9]+/[0-9]+)\] .* -c ($PWD/)?([^ ]+) .*#[setup]   compiled [\1] \3#p"; then
+  tail -n 60 "$log"; echo "C++ build failed (full log: $log)" >&2; exit 1
+fi
+say "extensions built in $(( $(date +%s) - start ))s"
