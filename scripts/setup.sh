@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[setup] $*"; }
 # pip's own progress lines, prefixed; everything else it prints (notices, warnings) is dropped.
-show_pip() { sed -nu -E 's/^ *(Collecting|Downloading|Installing collected|Successfully installed|ERROR)(.*)/[setup]   \1\2/p'; }
+show_pip() { sed -nu -E 's/^ *(Collecting|Processing|Downloading|Using cached|Installing collected|Successfully installed|ERROR)(.*)/[setup]   \1\2/p'; }
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $PY"
