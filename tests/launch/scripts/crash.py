@@ -1,7 +1,7 @@
 """Worker that fails on one rank: by exception (default), exit code or signal.
 
-CRASH_RANK: the failing rank; CRASH_MODE: raise | torch (an error raised inside torch) | exit | abort; CRASH_ATTEMPTS: fail only in the first
-N attempts (TORCHELASTIC_RESTART_COUNT < N), so a restarted group can succeed.
+CRASH_RANK: the failing rank; CRASH_MODE: raise | torch (an error raised inside torch) | exit | abort;
+CRASH_ATTEMPTS: fail only in the first N attempts (TORCHELASTIC_RESTART_COUNT < N), so a restarted group can succeed.
 """
 import os
 import sys
