@@ -36,9 +36,33 @@ log="$PWD/build_ext.log"
 jobs=${MAX_JOBS:-$(nproc)}
 say "building the C++ extensions (ninja, $jobs jobs; a first build takes 2-5 min on 2 cores: files that" \
     "include torch headers take ~50 s each). Full log: $log"
-# ninja prints "[n/N] c++ ... -c <source> ..." as each file finishes; show "[n/N] <source>" only.
-if ! MAX_JOBS=$jobs $VPY setup.py -q build_ext --inplace 2>&1 | tee "$log" \
-    | sed -nu -E "s#^\[([0-9]+/[0-9]+)\] .* -c ($PWD/)?([^ ]+) .*#[setup]   compiled [\1] \3#p"; then
+# ninja prints "[n/N] c++ ... -c <source> ..." as each file finishes; show "[n/N] <source>" only, and a
+# heartbeat every 30 s without one (a file with torch headers compiles for a minute or more, longer under load).
+shown=0
+show_compiled() {   # the [n/N] lines ninja wrote since the last call; returns 1 if there were none
+  local done_now
+  done_now=$(grep -cE '^\[[0-9]+/[0-9]+\] ' "$log" || true)
+  [ "$done_now" -gt "$shown" ] || return 1
+  grep -E '^\[[0-9]+/[0-9]+\] ' "$log" | sed -n "$((shown + 1)),${done_now}p" \
+    | sed -E "s#^\[([0-9]+/[0-9]+)\] .* -c ($PWD/)?([^ ]+) .*#[setup]   compiled [\1] \3#"
+  shown=$done_now
+}
+MAX_JOBS=$jobs $VPY setup.py -q build_ext --inplace >"$log" 2>&1 &
+build=$!
+quiet_since=$(date +%s)
+while kill -0 $build 2>/dev/null; do
+  sleep 2
+  if show_compiled; then
+    quiet_since=$(date +%s)
+  elif [ $(( $(date +%s) - quiet_since )) -ge 30 ]; then
+    say "  still compiling: $shown file(s) done, $(( $(date +%s) - start ))s so far"
+    quiet_since=$(date +%s)
+  fi
+done
+status=0
+wait $build || status=$?
+show_compiled || true
+if [ $status -ne 0 ]; then
   tail -n 60 "$log"; echo "C++ build failed (full log: $log)" >&2; exit 1
 fi
 say "extensions built in $(( $(date +%s) - start ))s"
