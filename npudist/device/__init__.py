@@ -45,6 +45,8 @@ from npudist.device.amp import (
     is_bf16_supported,
 )
 from npudist.device import amp, memory
+from npudist.device.compat import *  # noqa: F401,F403  (Ascend-only names, compat.__all__)
+from npudist.device import compat
 from npudist.device.memory import *  # noqa: F401,F403  (names listed in memory.__all__)
 
 
@@ -60,6 +62,6 @@ __all__ = [
     "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
-] + list(memory.__all__)
+] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")]
 
 _registration.register(__name__)
