@@ -4,7 +4,7 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
-from npudist.device import _registration
+from npudist.device import _registration, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -65,3 +65,4 @@ __all__ = [
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")]
 
 _registration.register(__name__)
+shallow_copy.register()
