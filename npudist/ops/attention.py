@@ -157,7 +157,7 @@ def _problems(query, key, value, head_num, layout, actual_seq_qlen, actual_seq_k
     d = _head_dim(query, head_num, layout)
     if layout != "TND":
         q, k, v = (_to_bnsd(t, layout, d) for t in (query, key, value))
-        return [(q, k, v)], (lambda outs: _from_bnsd(outs[0], layout)), d
+        return [(q, k, v)], (lambda outs: _from_bnsd(outs[0], layout).contiguous()), d
     if query.dim() != 3:
         _fail(f"layout TND expects 3-D (T, N, D) tensors, got {query.dim()}-D")
     segs = _segments(actual_seq_qlen, actual_seq_kvlen, query.shape[0], key.shape[0])
@@ -242,7 +242,7 @@ def _(query, key, value, head_num, input_layout, pse=None, padding_mask=None, at
         _fail("keep_prob < 1 (dropout) cannot be traced (torch.compile / fake tensors): its seed and offset "
               "are runtime values; run it eagerly or apply dropout outside the op")
     stat_shape = _fake_stats_shape(query, head_num, input_layout)
-    return (torch.empty_like(query), query.new_empty(stat_shape, dtype=torch.float32),
+    return (query.new_empty(query.shape), query.new_empty(stat_shape, dtype=torch.float32),
             query.new_empty(stat_shape, dtype=torch.float32), query.new_empty(0), 0, 0, 0)
 
 
@@ -289,12 +289,13 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
     if input_layout == "TND":
         _, join_kv, _ = _problems(key, key, key, key.shape[1], "TND", actual_seq_kvlen, actual_seq_kvlen)
         return join(dqs), join_kv(dks), join_kv(dvs), query.new_empty(0)
-    return join(dqs), _from_bnsd(dks[0], input_layout), _from_bnsd(dvs[0], input_layout), query.new_empty(0)
+    return (join(dqs), _from_bnsd(dks[0], input_layout).contiguous(), _from_bnsd(dvs[0], input_layout).contiguous(),
+            query.new_empty(0))
 
 
 @npu_fusion_attention_grad.register_fake
-def _(query, key, value, dy, head_num, input_layout, **kwargs):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), query.new_empty(0)
+def _(query, key, value, dy, *_args, **_kwargs):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), query.new_empty(0)
 
 
 _FWD_ARGS = ("query", "key", "value", "head_num", "input_layout", "pse", "padding_mask", "atten_mask", "scale",

@@ -49,7 +49,7 @@ def npu_apply_adam_w(beta1_power, beta2_power, lr, weight_decay, beta1, beta2, e
 
 @npu_apply_adam_w.register_fake
 def _(beta1_power, beta2_power, lr, weight_decay, beta1, beta2, epsilon, grad, max_grad_norm, amsgrad, maximize,
-      *, var, m, v):
+      var, m, v):
     _check(grad, var, m, v, max_grad_norm, amsgrad)
 
 
