@@ -62,6 +62,7 @@ setup(
         "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
         "torch_npu.contrib"],
     package_dir={"npudist.launch": "launch"},
+    package_data={"npudist": ["include/npudist/*.h"]},  # <npudist/extension.h> for user C++ extensions
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

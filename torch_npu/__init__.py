@@ -17,6 +17,7 @@ import npudist  # registers the npu device, the hccl backend and the npu operato
 from npudist import ops as _ops
 from npudist.ops import matmul as _matmul
 from npudist.ops import optim as _optim
+from npudist.ops import sharding as _sharding
 
 npu = torch.npu
 sys.modules[__name__ + ".npu"] = npu
@@ -39,6 +40,9 @@ def npu_grouped_matmul(x, weight, *, group_list=None, **kwargs):
         group_list = [int(v) for v in group_list.tolist()]
     return torch.ops.npu.npu_grouped_matmul(x, weight, group_list=group_list, **kwargs)
 
+
+# DTensor rules of the operators (import torch.distributed.tensor: too slow for every `import npudist`).
+_sharding.register()
 
 # Upstream torch_npu makes npu the device whose RNG state checkpointing saves when no tensor argument says.
 torch.utils.checkpoint.DefaultDeviceType.set_device_type("npu")

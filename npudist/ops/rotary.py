@@ -55,7 +55,8 @@ def _(x, r1, r2, rotary_mode="half"):
 
 
 @custom_op("npu::npu_rotary_mul_backward", mutates_args=(), device_types="npu",
-           schema="(Tensor grad, Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') -> (Tensor, Tensor, Tensor)")
+           schema=("(Tensor grad, Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') "
+                   "-> (Tensor, Tensor, Tensor)"))
 def npu_rotary_mul_backward(grad, x, r1, r2, rotary_mode="half"):
     dx = grad * r1 + _rotate_transposed(grad * r2, rotary_mode)
     dr1 = (grad * x).sum_to_size(r1.shape)

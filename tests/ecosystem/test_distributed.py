@@ -33,3 +33,10 @@ def test_cuda_script_runs_unchanged_through_transfer_to_npu(tmp_path):
         assert rep["param_device"] == rep["x_device"] == f"npu:{rank}"
         assert rep["backend"] == "hccl" and rep["mem"] > 0, rep
         assert rep["max_err"] < 1e-6, rep
+
+
+def test_npu_operators_on_dtensors_match_full_tensors(tmp_path):
+    reports = _reports(run_npurun(["--nproc", "2", str(SCRIPTS / "dtensor_ops.py")], tmp_path))
+    for rep in reports.values():
+        assert rep["out_placements"] == "(Shard(dim=0),)", rep
+        assert all(v < 1e-5 for v in rep["err"].values()), rep
