@@ -214,9 +214,11 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         outs.append(torch.matmul(p, _expand_kv(v, g).float()).to(query.dtype))
         maxes.append(smax)
         sums.append(ssum)
-    if input_layout == "TND":
-        smax = torch.cat([m.squeeze(0).transpose(0, 1) for m in maxes], dim=0)
-        ssum = torch.cat([s.squeeze(0).transpose(0, 1) for s in sums], dim=0)
+    if input_layout == "TND":  # (T, N, 1); tokens past the last sequence get 0 (their output is 0 too)
+        rest = [query.new_zeros(query.shape[0] - sum(m.shape[2] for m in maxes), query.shape[1], 1,
+                                dtype=torch.float32)]
+        smax = torch.cat([m.squeeze(0).transpose(0, 1) for m in maxes] + rest, dim=0)
+        ssum = torch.cat([s.squeeze(0).transpose(0, 1) for s in sums] + rest, dim=0)
     else:
         smax, ssum = maxes[0], sums[0]
     reserved = query.new_empty(0)

@@ -139,6 +139,31 @@ def test_fusion_attention_dropout_uses_npu_generator_and_backward_replays_it():
     assert 0 < keep_mask.float().mean() < 1
 
 
+def test_fusion_attention_library_call_forms():
+    """The exact calls of diffusers (BNSD, boolean padding mask, wide band, precision args) and DeepSpeed (BSH)."""
+    torch.manual_seed(3)
+    b, n, s, d = 2, 2, 5, 4
+    q, k, v = (torch.randn(b, n, s, d) for _ in range(3))
+    keep_tokens = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    keep_tokens[1, ..., -2:] = False  # padding keys of sample 1
+    out = ops.npu_fusion_attention(q.to(NPU), k.to(NPU), v.to(NPU), n, atten_mask=(~keep_tokens).expand(b, 1, s, s)
+                                   .to(NPU), input_layout="BNSD", pse=None, scale=0.5, pre_tockens=65536,
+                                   next_tockens=65536, keep_prob=1.0, sync=False, inner_precise=0)[0]
+    torch.testing.assert_close(out.cpu(), _ref_attention(q, k, v, 0.5, ~keep_tokens))
+    bsh = [_to_layout(t, "BSH").to(NPU) for t in (q, k, v)]
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+    out = ops.npu_fusion_attention(*bsh, n, "BSH", pse=None, padding_mask=None, atten_mask=causal.to(NPU), scale=0.5,
+                                   pre_tockens=65536, next_tockens=65536, keep_prob=1, inner_precise=0)[0]
+    torch.testing.assert_close(out.cpu(), _to_layout(_ref_attention(q, k, v, 0.5, causal), "BSH"))
+
+
+def test_fusion_attention_tnd_tokens_past_last_sequence():
+    q = torch.randn(6, 2, 4, device=NPU)
+    out, smax, ssum, *_ = ops.npu_fusion_attention(q, q, q, 2, "TND", actual_seq_qlen=[2, 4], actual_seq_kvlen=[2, 4])
+    assert out.shape == q.shape and smax.shape == ssum.shape == (6, 2, 8)
+    assert not out[4:].any() and not ssum[4:].any() and ssum[:4].min() >= 1
+
+
 def test_fusion_attention_bad_inputs_name_the_problem():
     q = torch.randn(1, 2, 4, 8, device=NPU)
     with pytest.raises(ValueError, match="input_layout"):
