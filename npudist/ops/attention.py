@@ -157,7 +157,7 @@ def _problems(query, key, value, head_num, layout, actual_seq_qlen, actual_seq_k
     d = _head_dim(query, head_num, layout)
     if layout != "TND":
         q, k, v = (_to_bnsd(t, layout, d) for t in (query, key, value))
-        return [(q, k, v)], (lambda outs: _from_bnsd(outs[0], layout).contiguous()), d
+        return [(q, k, v)], (lambda outs: _from_bnsd(outs[0], layout).contiguous())
     if query.dim() != 3:
         _fail(f"layout TND expects 3-D (T, N, D) tensors, got {query.dim()}-D")
     segs = _segments(actual_seq_qlen, actual_seq_kvlen, query.shape[0], key.shape[0])
@@ -172,7 +172,7 @@ def _problems(query, key, value, head_num, layout, actual_seq_qlen, actual_seq_k
             return cat
         out[: segs[-1][1]] = cat
         return out
-    return probs, join, d
+    return probs, join
 
 
 def _groups(q, k, v) -> int:
@@ -184,7 +184,7 @@ def _groups(q, k, v) -> int:
     return n1 // n2
 
 
-def _stats(t: torch.Tensor, layout: str) -> torch.Tensor:
+def _stats(t: torch.Tensor) -> torch.Tensor:
     """(B, N, S, 8) float32 (TND: (T, N, 8)) softmax statistics from per-problem (1|B, N, S, 1) tensors."""
     return t.expand(*t.shape[:-1], _STAT_WIDTH).contiguous()
 
@@ -201,7 +201,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                          gen_mask_parallel=True, sync=False):
     _check_args(query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, keep_prob, prefix,
                 actual_seq_qlen, actual_seq_kvlen, sparse_mode)
-    problems, join, _ = _problems(query, key, value, head_num, input_layout, actual_seq_qlen, actual_seq_kvlen)
+    problems, join = _problems(query, key, value, head_num, input_layout, actual_seq_qlen, actual_seq_kvlen)
     shapes = [(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) for q, k, _ in problems]
     keeps, seed, offset, numels = _keep_masks(shapes, keep_prob, query.device)
     outs, maxes, sums = [], [], []
@@ -222,7 +222,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     else:
         smax, ssum = maxes[0], sums[0]
     reserved = query.new_empty(0)
-    return join(outs), _stats(smax, input_layout), _stats(ssum, input_layout), reserved, seed, offset, numels
+    return join(outs), _stats(smax), _stats(ssum), reserved, seed, offset, numels
 
 
 def _fake_stats_shape(query, head_num, input_layout):
@@ -263,8 +263,8 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
                               sync=False):
     _check_args(query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, keep_prob, prefix,
                 actual_seq_qlen, actual_seq_kvlen, sparse_mode)
-    problems, join, _ = _problems(query, key, value, head_num, input_layout, actual_seq_qlen, actual_seq_kvlen)
-    dys, _, _ = _problems(dy, dy, dy, head_num, input_layout, actual_seq_qlen, actual_seq_qlen)
+    problems, join = _problems(query, key, value, head_num, input_layout, actual_seq_qlen, actual_seq_kvlen)
+    dys, _ = _problems(dy, dy, dy, head_num, input_layout, actual_seq_qlen, actual_seq_qlen)
     shapes = [(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) for q, k, _ in problems]
     keeps, *_ = _keep_masks(shapes, keep_prob, query.device, replay=(seed, offset))
     dqs, dks, dvs = [], [], []
@@ -289,7 +289,7 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
         dks.append(dk.to(key.dtype))
         dvs.append(dv.to(value.dtype))
     if input_layout == "TND":
-        _, join_kv, _ = _problems(key, key, key, key.shape[1], "TND", actual_seq_kvlen, actual_seq_kvlen)
+        _, join_kv = _problems(key, key, key, key.shape[1], "TND", actual_seq_kvlen, actual_seq_kvlen)
         return join(dqs), join_kv(dks), join_kv(dvs), query.new_empty(0)
     return (join(dqs), _from_bnsd(dks[0], input_layout).contiguous(), _from_bnsd(dvs[0], input_layout).contiguous(),
             query.new_empty(0))
