@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=.venv/bin/python
 stamp=.setup-stamp
-want=$(cat pyproject.toml setup.py requirements-test.txt | sha1sum | cut -c1-12)
+want=$(cat pyproject.toml setup.py requirements-test.txt packaging/torch_npu/pyproject.toml | sha1sum | cut -c1-12)
 if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   # torch is pinned exactly: a looser pin pulls a multi-GB CUDA build.
   say "installing torch==2.13.0 and the build/test tools (pip; a first install downloads ~200 MB)"
@@ -28,6 +28,10 @@ if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   # Package metadata + console scripts (npurun, npudist) without compiling; extensions are built below.
   say "installing npudist (editable; npurun and npudist commands)"
   NPUDIST_SKIP_EXT=1 $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
+      2>&1 | grep -v '^WARNING: Location' || true
+  # Distribution metadata for torch_npu (metadata only; the package ships in npudist): libraries such as
+  # diffusers detect Ascend with importlib.metadata.version("torch_npu"). See docs/torch_npu.md.
+  $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps ./packaging/torch_npu \
       2>&1 | grep -v '^WARNING: Location' || true
   echo "$want" > $stamp
 fi
