@@ -59,8 +59,10 @@ ext_modules, cmdclass = _extensions()
 
 setup(
     packages=["npudist", "torch_npu"] + ["npudist." + p for p in (
-        "device", "hccl", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")],
+        "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
+        "torch_npu.contrib"],
     package_dir={"npudist.launch": "launch"},
+    package_data={"npudist": ["include/npudist/*.h"]},  # <npudist/extension.h> for user C++ extensions
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

@@ -6,7 +6,8 @@
     python examples/train.py --config plan.yaml --parallel.dp_shard_degree 1      # one process
 
 Any plan key can be overridden as ``--section.key value``. Exit status: 0 done, 2 invalid plan or
-arguments, 3 the loss became NaN/inf.
+arguments, 3 the loss became NaN/inf. Under npurun an invalid plan is reported once, before any rank starts,
+and npurun exits 2 as well.
 """
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(args.config, overrides, world_size=world)
     except (PlanError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # Every rank finds the same problem: the whole report once (npurun normally catches it before any
+        # rank starts, see docs/launch.md), a pointer to it from the others.
+        rank = int(os.environ.get("RANK", "0"))
+        print(f"error: {e}" if rank == 0 else "error: invalid plan or arguments (see rank 0)", file=sys.stderr)
         return 2
     try:
         run(plan)

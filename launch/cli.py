@@ -44,6 +44,19 @@ def _rank_list(value: str) -> set[int]:
     return ranks
 
 
+# torchrun's help for these speaks of GPUs and CUDA; npurun's own words (what the options do here).
+_HELP = {
+    "training_script": "Path of the training program to launch once per rank (each rank bound to its own npu "
+                       "device), followed by the program's own arguments.",
+    "nproc_per_node": "Number of workers (ranks) per node: an integer, 'auto' or 'npu' (= the visible npu "
+                      "devices; with --device cpu 'auto' = the CPU cores), or 'cpu' (= the CPU cores).",
+    "numa_binding": "Not supported by npurun (torch finds a worker's NUMA node from its CUDA device); "
+                    "refused before anything starts.",
+    "virtual_local_rank": "torchrun's virtual local rank (LOCAL_RANK 0 for every worker); only with "
+                          "--device cpu, since npurun binds each worker to npu:LOCAL_RANK.",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser with npurun's additions (`--nproc`, device binding, HCCL env, output)."""
     parser = get_args_parser()
@@ -58,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     # None = "not given": npurun then tees every rank's output with a rank prefix (see --tee).
     parser.set_defaults(tee=os.environ.get("PET_TEE"), redirects=os.environ.get("PET_REDIRECTS"))
     for action in parser._actions:  # argparse has no public way to amend an existing option's help
-        if action.dest == "tee":
+        if action.dest in _HELP:
+            action.help = _HELP[action.dest]
+        elif action.dest == "tee":
             action.help += (" npurun: if neither --tee nor --redirects is given, every rank is teed (3) "
                             "with a rank prefix; --tee 0 lets workers write straight to the console.")
 
@@ -83,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     npu.add_argument(
         "--hccl-buffsize", "--hccl_buffsize", type=_positive_int, default=None, metavar="MB",
         help="Per-rank hccl staging buffer in MB (sets HCCL_BUFFSIZE).")
+
+    npu.add_argument(
+        "--no-plan-check", "--no_plan_check", action="store_true",
+        help="Do not validate an npudist plan before starting the ranks. By default, when the program's "
+        "arguments hold --config PLAN.yaml and the file is an npudist plan, npurun validates it (with the "
+        "program's --section.key overrides) for the job's world size and, if it is invalid, prints its "
+        "errors once and exits 2 without starting any rank.")
 
     out = parser.add_argument_group("output options (npurun)")
     out.add_argument(

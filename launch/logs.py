@@ -109,9 +109,10 @@ def read_error_message(error_file: str) -> str | None:
 def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_lines: int = 4) -> list[str]:
     """The lines that say what went wrong in a failed worker.
 
-    Prefers the traceback torchelastic's error file recorded (its innermost frame and the exception),
-    else the tail of the worker's captured stderr without C++ backtrace frames (crashes that raised no
-    Python exception, e.g. the hccl watchdog tearing a process down).
+    Prefers the traceback torchelastic's error file recorded (see ``summarize_traceback``: the user's own
+    line, where the library raised, the exception), else the tail of the worker's captured stderr without
+    C++ backtrace frames (crashes that raised no Python exception, e.g. the hccl watchdog tearing a process
+    down).
     """
     if error_file and os.path.isfile(error_file):
         try:
@@ -122,12 +123,9 @@ def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_line
                 text = msg.get("extraInfo", {}).get("py_callstack") or msg.get("message", "")
             else:
                 text = str(msg)
-            lines = [ln for ln in text.splitlines() if ln.strip()]
-            frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
-            if frames:  # the innermost frame and the exception it raised
-                return lines[frames[-1]:][: max_lines + 2]
+            lines = summarize_traceback(text, max_lines)
             if lines:
-                return lines[-max_lines:]
+                return lines
         except (OSError, ValueError):
             pass
     if stderr_file and os.path.isfile(stderr_file):
@@ -138,6 +136,65 @@ def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_line
         except OSError:
             pass
     return []
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*)$')
+_CARETS = re.compile(r"^\s*[\^~]+\s*$")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where code that is not the user's lives: torch, npudist (and its launcher), the standard library and
+    installed packages. A traceback's last frame outside them is the user's line that led to the error."""
+    import sysconfig
+
+    import torch
+
+    import npudist
+
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(npudist.__file__),
+            os.path.dirname(os.path.abspath(__file__))}
+    dirs.update(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def _is_library(path: str, libs: tuple[str, ...]) -> bool:
+    return path.startswith("<") or os.path.realpath(path).startswith(libs)
+
+
+def summarize_traceback(text: str, max_lines: int = 4) -> list[str]:
+    """The frame of the user's code closest to the error (its ``File`` line and source line), a note naming
+    the library line that raised when that is deeper (e.g. torch's distributed_c10d.py), and the exception
+    (up to ``max_lines`` lines). Text without a traceback: its last ``max_lines`` non-empty lines."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not _CARETS.match(ln)]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+    lines = lines[starts[-1]:] if starts else lines    # the last exception of a chain is the one raised
+    frames = [(i, m) for i, ln in enumerate(lines) if (m := _FRAME.match(ln))]
+    if not frames:
+        return lines[-max_lines:]
+    end = frames[-1][0] + 1
+    while end < len(lines) and lines[end].startswith("    ") and not _FRAME.match(lines[end]):
+        end += 1                                         # the innermost frame's source line
+    exception = lines[end:][:max_lines]
+    libs = _library_dirs()
+    user = [(i, m) for i, m in frames if not _is_library(m.group("file"), libs)]
+    i, m = user[-1] if user else frames[-1]
+    out = [lines[i]]
+    if i + 1 < len(lines) and lines[i + 1].startswith("    ") and not _FRAME.match(lines[i + 1]):
+        out.append(lines[i + 1])
+    inner = frames[-1][1]
+    if user and inner is not m:
+        out.append(f"  (raised in {_short_path(inner.group('file'))}, line {inner.group('line')}, "
+                   f"in {inner.group('func')})")
+    return [_clip(ln) for ln in out + exception]
+
+
+def _short_path(path: str) -> str:
+    """torch/distributed/distributed_c10d.py rather than the whole site-packages path."""
+    parts = path.replace(os.sep, "/").split("/")
+    for anchor in ("torch", "npudist", "launch"):
+        if anchor in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(anchor):])
+    return path
 
 
 _BACKTRACE_NOISE = re.compile(r"^\s*(frame #\d+:|<omitting python frames>|Exception raised from .* \(most recent call first\):)")

@@ -30,6 +30,7 @@ from . import worker
 from .cli import HCCL_ENV_OPTIONS, NODE_ID_ENV, parse_args
 from .devices import LaunchError, resolve_nproc
 from .logs import NpurunLogsSpecs
+from .plan_check import check_plan_args, format_plan_error
 from .summary import JobFacts, Reporter
 
 DEFAULT_PREFIX = "[rank${rank}]: "
@@ -109,6 +110,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.logs_specs is not None:
         raise LaunchError("--logs-specs is not supported by npurun: its rank prefixes and summaries need "
                           "npurun's own LogsSpecs (use torchrun for a custom one)")
+    if getattr(args, "numa_binding", None):
+        raise LaunchError("--numa-binding is not supported by npurun: torch's NUMA binding locates each worker's "
+                          "CUDA device (torch.cuda); bind workers with numactl or taskset instead")
     if args.virtual_local_rank and args.device == "npu":
         raise LaunchError("--virtual-local-rank is not supported with --device npu: every worker sees all "
                           "visible npu devices and is bound to npu:LOCAL_RANK")
@@ -119,8 +123,15 @@ def validate(args: argparse.Namespace) -> None:
         args.training_script = os.path.abspath(args.training_script)
 
 
+def planned_world_size(args: argparse.Namespace, nproc: int) -> int | None:
+    """nproc x nodes when the node count is fixed; None for an elastic range (known only at rendezvous)."""
+    min_nodes, max_nodes = parse_min_max_nnodes(args.nnodes)
+    return nproc * min_nodes if min_nodes == max_nodes else None
+
+
 def run(argv: list[str] | None = None) -> int:
-    """Launch the job; return the launcher's exit code (0 ok, 1 a worker failed, 2 bad usage)."""
+    """Launch the job; return the launcher's exit code (0 ok, 1 a worker failed, 2 bad usage or an invalid
+    npudist plan, found before any worker starts)."""
     parser, args = parse_args(argv)
     own_log_dir = args.log_dir is None
     reporter = Reporter(quiet=args.quiet)
@@ -143,6 +154,12 @@ def run(argv: list[str] | None = None) -> int:
         config, _, _ = config_from_args(args)
     except (LaunchError, ValueError, RuntimeError, AssertionError) as e:
         parser.error(str(e))  # exits 2
+    if not args.no_plan_check and not args.no_python:
+        world = planned_world_size(args, nproc)
+        plan_error = check_plan_args(list(args.training_script_args), world)
+        if plan_error is not None:
+            print(f"npurun: {format_plan_error(plan_error, world)}", file=sys.stderr, flush=True)
+            return 2
     config.logs_specs = logs_specs
     config.log_line_prefix_template = (
         args.log_prefix or os.getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or DEFAULT_PREFIX)

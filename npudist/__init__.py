@@ -1,13 +1,14 @@
 """npudist: distributed training for PyTorch on (emulated) NPU devices.
 
 Registration of the ``npu`` device (``torch.npu``, ``tensor.npu()``, ``torch.device("npu:0")``) and of the
-``hccl`` process-group backend happens in one of two ways:
+``hccl`` process-group backend, and of Ascend's fused operators as ``torch.ops.npu.*`` (npu tensors only),
+happens in one of two ways:
 
 * automatically at ``import torch``: npudist is a PyTorch out-of-tree device backend (entry point group
   ``torch.backends``, as torch_npu), so with npudist installed ``import torch`` alone brings ``torch.npu``
   and ``init_process_group("hccl")``. ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off;
 * explicitly: ``npudist.register()`` (or ``import npudist.device`` for the device, ``import npudist.hccl``
-  for the backend).
+  for the backend, ``import npudist.ops`` for the fused operators).
 
 ``import npudist`` itself does no work, so the torch-free layers (``npudist.plan``, ``npudist.models``,
 the ``npudist`` command) load neither torch nor a C++ extension.
@@ -20,6 +21,7 @@ def register() -> None:
     missing piece if a C++ extension cannot be loaded."""
     import npudist.device  # noqa: F401  (the npu device; must come first: hccl hands it the runtime)
     import npudist.hccl  # noqa: F401
+    import npudist.ops  # noqa: F401  (fused operators, torch.ops.npu.*)
 
 
 def _autoload() -> None:

@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "[run_main] npurun --nproc 4 examples/train.py --config examples/plans/fsdp_tp.yaml $*"
+echo "[run_main] starting 4 ranks (each imports torch and npudist first: ~10-20 s before the first log line)"
 exec .venv/bin/npurun --nproc 4 examples/train.py --config examples/plans/fsdp_tp.yaml "$@"

@@ -1,18 +1,56 @@
-"""``import torch_npu``, as every Ascend script starts, gives npudist's emulated npu device and hccl backend.
+"""``import torch_npu``, as every Ascend script starts, gives npudist's emulated npu device, hccl and fused ops.
 
-Scripts written for Huawei's torch_npu run unchanged on npudist: ``import torch_npu`` registers ``torch.npu``,
-``tensor.npu()``, ``torch.device("npu")`` and ``init_process_group("hccl")``; ``torch_npu.npu`` is
-``torch.npu`` (``torch_npu.npu.synchronize()``, ``torch_npu.npu.set_device(...)``, ``import torch_npu.npu``).
-Only what npudist implements is there: Ascend custom operators (``torch_npu.npu_*`` fused kernels),
-graph mode and ``torch_npu.contrib`` are absent, and using them raises AttributeError/ImportError.
+Scripts and libraries written for Huawei's torch_npu run unchanged on npudist: ``import torch_npu`` registers
+``torch.npu``, ``tensor.npu()``, ``torch.device("npu")`` and ``init_process_group("hccl")``; ``torch_npu.npu`` is
+``torch.npu``; Ascend's fused operators are ``torch.ops.npu.*`` and are copied onto this package's top level
+(``from torch_npu import npu_fusion_attention``), as upstream does. Gradient checkpointing's default device
+becomes npu (as upstream). An Ascend operator npudist does not provide raises AttributeError naming it.
+``torch_npu.contrib.transfer_to_npu`` runs CUDA scripts on npu. Reference: docs/torch_npu.md.
 Do not install this next to Huawei's real torch_npu.
 """
 import sys
 
 import torch
+import torch.utils.checkpoint
 
-import npudist  # noqa: F401  (registers the npu device and the hccl backend)
+import npudist  # registers the npu device, the hccl backend and the npu operators
+from npudist import ops as _ops
+from npudist.ops import matmul as _matmul
+from npudist.ops import optim as _optim
+from npudist.ops import sharding as _sharding
 
 npu = torch.npu
 sys.modules[__name__ + ".npu"] = npu
-__version__ = npudist.__version__
+
+# Ascend's torch_npu versions follow the torch release they are built for; the local part names npudist.
+__version__ = f"{torch.__version__.split('+')[0]}+npudist{npudist.__version__}"
+
+for _name in _ops.OPS:
+    globals()[_name] = getattr(torch.ops.npu, _name)
+
+
+def npu_apply_adam_w(*args, out=None, **kwargs):
+    """Ascend's call form with ``out=(var, m, v)`` (see npudist.ops.optim)."""
+    return _optim.apply_adam_w(*args, out=out, **kwargs)
+
+
+def npu_grouped_matmul(x, weight, *, group_list=None, **kwargs):
+    """``torch.ops.npu.npu_grouped_matmul``; ``group_list`` may also be a tensor (as Ascend accepts)."""
+    if isinstance(group_list, torch.Tensor):
+        group_list = [int(v) for v in group_list.tolist()]
+    return torch.ops.npu.npu_grouped_matmul(x, weight, group_list=group_list, **kwargs)
+
+
+# DTensor rules of the operators (import torch.distributed.tensor: too slow for every `import npudist`).
+_sharding.register()
+
+# Upstream torch_npu makes npu the device whose RNG state checkpointing saves when no tensor argument says.
+torch.utils.checkpoint.DefaultDeviceType.set_device_type("npu")
+
+
+def __getattr__(name):
+    if name.startswith("npu_"):
+        raise AttributeError(
+            f"torch_npu.{name} is an Ascend operator that npudist does not provide; provided: "
+            f"{', '.join(_ops.OPS)} (docs/torch_npu.md)")
+    raise AttributeError(f"module 'torch_npu' has no attribute {name!r}")

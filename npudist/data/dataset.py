@@ -9,7 +9,8 @@ Sharding: global sample ``g`` of the run is window ``perm[g % num_windows]``. A 
 ``batch_size``. Concatenating all ranks' batches in rank order gives exactly the batch a single device with
 ``dp_degree * batch_size`` would see — which is what makes the parity tests possible.
 
-Resume: the whole position is one integer (global samples consumed), saved by ``state_dict``.
+Resume: the whole position is one integer (global samples consumed), saved by ``state_dict``. It does not
+depend on ``dp_degree`` or ``batch_size``, so a run may resume under another data-parallel layout.
 """
 from __future__ import annotations
 
@@ -71,14 +72,18 @@ class TextDataset:
         return self.position // self.num_windows
 
     def state_dict(self) -> dict:
+        """The layout-independent position: global samples consumed, plus what gives a sample its meaning
+        (shuffling seed, window length, number of windows in the file). No per-rank or per-layout value."""
         return {"position": self.position, "seed": self.seed, "seq_len": self.seq_len,
-                "dp_degree": self.dp_degree, "batch_size": self.batch_size}
+                "num_windows": self.num_windows}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at a saved position. The global batch shape may not change across a resume, because the
-        position counts global samples."""
-        for key in ("seed", "seq_len"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"cannot resume: saved data {key}={state[key]} but this run uses "
-                                 f"{getattr(self, key)}")
+        """Resume at a saved position, under any dp degree and micro-batch size (the position counts global
+        samples). A different seed, window length or file size would make the same position name other
+        windows, so those are refused."""
+        for key, what in (("seed", "data.seed"), ("seq_len", "data.seq_len"),
+                          ("num_windows", "number of windows in the data file")):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise ValueError(f"cannot resume: the checkpoint's {what} is {int(state[key])} but this run's is "
+                                 f"{getattr(self, key)}; the saved data position would name other samples")
         self.position = int(state["position"])

@@ -4,7 +4,7 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
-from npudist.device import _registration
+from npudist.device import _registration, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -45,6 +45,8 @@ from npudist.device.amp import (
     is_bf16_supported,
 )
 from npudist.device import amp, memory
+from npudist.device.compat import *  # noqa: F401,F403  (Ascend-only names, compat.__all__)
+from npudist.device import compat
 from npudist.device.memory import *  # noqa: F401,F403  (names listed in memory.__all__)
 
 
@@ -60,6 +62,7 @@ __all__ = [
     "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
-] + list(memory.__all__)
+] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")]
 
 _registration.register(__name__)
+shallow_copy.register()

@@ -212,10 +212,15 @@ class ParallelConfig:
         elif shard < 1:
             raise ValueError(f"parallel.dp_shard_degree: must be >= 1 or -1 (= the rest), got {shard}")
         elif shard * others != world_size:
+            # -1 is a fix only where it can be filled: the other degrees must divide the world size.
+            fix = (f"set parallel.dp_shard_degree to -1 (= {world_size // others} here) or change the degrees"
+                   if world_size % others == 0 else
+                   f"change the degrees: dp_replicate x tp x pp = {others} does not divide {world_size}, so "
+                   "dp_shard_degree -1 cannot fill it either")
             raise ValueError(
                 f"parallel: degrees multiply to {shard * others} (dp_replicate {self.dp_replicate_degree} x "
                 f"dp_shard {shard} x tp {self.tp_degree} x pp {self.pp_degree}) but the world size is "
-                f"{world_size}; set parallel.dp_shard_degree to -1 or change the degrees")
+                f"{world_size}; {fix}")
         return ParallelDegrees(pp=self.pp_degree, dp_replicate=self.dp_replicate_degree, dp_shard=shard,
                                tp=self.tp_degree)
 

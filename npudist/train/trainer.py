@@ -20,7 +20,7 @@ from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
 from npudist.models import build_model
 from npudist.parallelize import parallelize
 from npudist.train.checkpoint import Checkpointer
-from npudist.train.metrics import MetricsLogger
+from npudist.train.metrics import MetricsLogger, reset_peak_memory
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 from npudist.train.seed import set_seed
 from npudist.train.step import NonFiniteLossError, train_step
@@ -33,7 +33,7 @@ class RunResult:
     final_step: int
 
 
-def _init_distributed(plan) -> tuple[int, int]:
+def _init_distributed(plan) -> None:
     if "WORLD_SIZE" not in os.environ:
         # One-rank world (python examples/train.py): a private TCP store on a free port.
         with socket.socket() as s:
@@ -48,7 +48,6 @@ def _init_distributed(plan) -> tuple[int, int]:
         torch.npu.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(plan.training.resolved_backend)
-    return dist.get_rank(), dist.get_world_size()
 
 
 def _quiet_known_warnings() -> None:
@@ -64,14 +63,17 @@ def _quiet_known_warnings() -> None:
 def run(plan, log_stream=None) -> RunResult:
     """Train per ``plan`` (validated for this world size). Raises ``NonFiniteLossError`` on a NaN/inf loss."""
     _quiet_known_warnings()
-    rank, world = _init_distributed(plan)
+    _init_distributed(plan)
     try:
-        return _train(plan, rank, world, log_stream)
+        return train(plan, log_stream)
     finally:
         dist.destroy_process_group()
 
 
-def _train(plan, rank: int, world: int, log_stream) -> RunResult:
+def train(plan, log_stream=None) -> RunResult:
+    """The run itself, in an already initialized default process group (``run`` sets one up and tears it
+    down; tests run several plans in one group)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     mesh = build_mesh(plan.parallel, device_type=plan.training.device)
     set_seed(plan.training.seed, plan.training.deterministic)
     model = build_model(plan.model)   # same init on every rank; parallelize splits and shards it
@@ -99,13 +101,18 @@ def _train(plan, rank: int, world: int, log_stream) -> RunResult:
                    f"data {os.path.basename(path)} ({dataset.num_windows} windows of {plan.data.seq_len}) | "
                    f"global batch {plan.data.global_batch_size} = micro {plan.data.micro_batch_size} x dp {dp} "
                    f"x accum {accum} | {steps} steps")
-    ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, dp_rank, steps)
+    outputs = logger.describe_outputs()
+    if outputs:
+        logger.message(outputs)
+    ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, plan.data.global_batch_size,
+                        steps)
     start = ckpt.load()
     if start:
         logger.message(f"resumed from {plan.checkpoint.folder}/step-{start}")
     losses, rates = [], []
     try:
         for step in range(start + 1, steps + 1):
+            reset_peak_memory(pm.device)
             t0 = time.perf_counter()
             batches = [dataset.next_batch() for _ in range(accum)]
             lr = scheduler.get_last_lr()[0]

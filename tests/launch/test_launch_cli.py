@@ -11,7 +11,8 @@ import pytest
 from npudist.launch import devices, main as npurun_main
 from npudist.launch.cli import parse_args
 from npudist.launch.devices import LaunchError, resolve_nproc
-from npudist.launch.logs import NpurunLogsSpecs, read_error_excerpt
+from npudist.launch.logs import NpurunLogsSpecs, read_error_excerpt, summarize_traceback
+from npudist.launch.plan_check import check_plan_args, format_plan_error
 from npudist.launch.summary import format_ranges
 from npudist.launch.worker import parse_worker_argv
 from torch.distributed.elastic.multiprocessing import Std
@@ -170,3 +171,56 @@ def test_console_script_and_module_entry_points(cmd):
     assert out.returncode == 0, out.stderr
     for opt in ("--nproc", "--nproc-per-node", "--rdzv-endpoint", "--hccl-timeout", "--node-id", "--rank0-only"):
         assert opt in out.stdout
+    assert "--no-plan-check" in out.stdout
+    for word in ("gpu", "xpu"):   # npurun launches npu (or cpu) jobs; torchrun's GPU wording is replaced
+        assert word not in out.stdout.lower(), [ln for ln in out.stdout.splitlines() if word in ln.lower()]
+
+
+def test_numa_binding_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        npurun_main.run(["--device", "cpu", "--nproc", "2", "--numa-binding", "node", "t.py"])
+    assert exc.value.code == 2 and "--numa-binding is not supported" in capsys.readouterr().err
+
+
+def test_error_excerpt_quotes_the_users_frame_not_torchs():
+    import torch
+
+    c10d = Path(torch.__file__).parent / "distributed" / "distributed_c10d.py"
+    tb = ('Traceback (most recent call last):\n'
+          '  File "/home/u/train.py", line 30, in <module>\n    main()\n'
+          '  File "/home/u/train.py", line 12, in main\n    dist.all_reduce(loss)\n'
+          f'  File "{c10d}", line 3234, in all_reduce\n    group = _get_default_group()\n'
+          '            ^^^^^^^^^^^^^^^^^^^^\n'
+          f'  File "{c10d}", line 1423, in _get_default_group\n    raise ValueError(\n'
+          'ValueError: Default process group has not been initialized\n')
+    assert summarize_traceback(tb) == [
+        '  File "/home/u/train.py", line 12, in main', "    dist.all_reduce(loss)",
+        "  (raised in torch/distributed/distributed_c10d.py, line 1423, in _get_default_group)",
+        "ValueError: Default process group has not been initialized"]
+    # The innermost frame when no frame is the user's; the last exception of a chain.
+    only_torch = tb.replace("/home/u/train.py", str(c10d))
+    assert summarize_traceback(only_torch)[0].endswith("line 1423, in _get_default_group")
+    chained = tb + "\nDuring handling of the above exception, another exception occurred:\n\n" + tb.replace(
+        "line 12, in main", "line 14, in main")
+    assert summarize_traceback(chained)[0].endswith("line 14, in main")
+
+
+PLAN = Path(__file__).resolve().parents[2] / "examples" / "plans" / "fsdp_tp.yaml"
+
+
+def test_plan_check_reports_a_plan_and_ignores_other_configs(tmp_path):
+    assert check_plan_args(["--config", str(PLAN)], 4) is None
+    assert check_plan_args([f"--config={PLAN}", "--training.steps", "5"], 4) is None
+    err = check_plan_args(["--config", str(PLAN), "--parallel.tp_degree", "3"], 4)
+    # -1 cannot fill a world of 4 when tp is 3: the hint must not suggest it.
+    assert any("does not divide 4" in e for e in err.errors) and not any("to -1" in e for e in err.errors)
+    err = check_plan_args(["--config", str(PLAN), "--parallel.tp_degree", "1"], 4)   # 2 x 1 != 4
+    assert any("set parallel.dp_shard_degree to -1 (= 4 here)" in e for e in err.errors), err.errors
+    assert "for 4 ranks" in format_plan_error(err, 4)
+    assert check_plan_args(["--config", str(PLAN), "--parallel.tp_degree", "1"], None) is None   # elastic
+    other = tmp_path / "other.yaml"
+    other.write_text("lr: 0.1\nlayers: 3\n")   # not an npudist plan: the program's own business
+    assert check_plan_args(["--config", str(other)], 4) is None
+    assert check_plan_args(["--lr", "0.1"], 4) is None and check_plan_args(["--config", "missing.yaml"], 4) is None

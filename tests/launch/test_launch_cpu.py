@@ -73,6 +73,18 @@ def test_crashing_worker_fails_job_and_names_rank(tmp_path):
     assert "DONE" not in res.stdout
 
 
+def test_error_inside_torch_quotes_the_users_line(tmp_path):
+    res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
+                     env={"CRASH_RANK": "1", "CRASH_MODE": "torch"})
+    assert res.returncode == 1, res.output
+    details = [ln[len("npurun:   rank 1: "):] for ln in res.summary_lines() if ln.startswith("npurun:   rank 1: ")]
+    assert 'crash.py", line ' in details[0] and details[0].endswith(", in sync_grads"), res.output
+    assert details[1].strip() == "dist.all_reduce(torch.ones(2))   # no process group: torch raises inside " \
+                                 "distributed_c10d.py", res.output
+    assert details[2].startswith("  (raised in torch/distributed/distributed_c10d.py, line "), res.output
+    assert details[3].startswith("ValueError: Default process group has not been initialized"), res.output
+
+
 def test_exit_code_failure_shows_its_stderr(tmp_path):
     res = run_npurun(["--device", "cpu", "--nproc", "2", str(SCRIPTS / "crash.py")], tmp_path,
                      env={"CRASH_RANK": "0", "CRASH_MODE": "exit"})

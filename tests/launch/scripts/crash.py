@@ -1,7 +1,7 @@
 """Worker that fails on one rank: by exception (default), exit code or signal.
 
-CRASH_RANK: the failing rank; CRASH_MODE: raise | exit | abort; CRASH_ATTEMPTS: fail only in the first
-N attempts (TORCHELASTIC_RESTART_COUNT < N), so a restarted group can succeed.
+CRASH_RANK: the failing rank; CRASH_MODE: raise | torch (an error raised inside torch) | exit | abort;
+CRASH_ATTEMPTS: fail only in the first N attempts (TORCHELASTIC_RESTART_COUNT < N), so a restarted group can succeed.
 """
 import os
 import sys
@@ -17,6 +17,13 @@ if fails:
         def load_batch(step):
             raise ValueError(f"corrupt batch at step {step} on rank {rank}")
         load_batch(7)
+    elif mode == "torch":
+        import torch
+        import torch.distributed as dist
+
+        def sync_grads():
+            dist.all_reduce(torch.ones(2))   # no process group: torch raises inside distributed_c10d.py
+        sync_grads()
     elif mode == "exit":
         print("giving up with exit code 3", file=sys.stderr, flush=True)
         sys.exit(3)

@@ -1,0 +1,14 @@
+"""The ``npu`` operator namespace: Ascend's fused operators as real ``torch.ops.npu.*`` operators.
+
+Each operator has an npu (PrivateUse1) kernel computing the documented math with aten ops on npu tensors,
+an autograd formula (a backward operator where one is needed) and a fake kernel, so torch.compile, FSDP2 and
+DTensor can trace it. Importing npudist registers them; ``torch_npu`` re-exports them at its top level.
+Semantics and the differences from Ascend: docs/torch_npu.md.
+"""
+from npudist.ops import activation, attention, matmul, norm, optim, rotary  # noqa: F401  (registration)
+
+# Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
+OPS = (
+    "npu_fusion_attention", "npu_fusion_attention_grad", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
+    "npu_geglu", "npu_scaled_masked_softmax", "npu_apply_adam_w", "npu_grouped_matmul",
+)

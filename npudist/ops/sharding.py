@@ -1,0 +1,110 @@
+"""DTensor sharding rules for the npu operators (``torch.distributed.tensor.experimental.register_sharding``).
+
+Rules: every operator accepts all-Replicate inputs; the row-wise operators (rms_norm, swiglu, geglu, rotary_mul,
+scaled_masked_softmax) also accept inputs sharded on a leading (batch/sequence/head) dim they do not reduce
+over, giving outputs sharded the same way; backward operators produce ``Partial`` (summed) gradients for
+replicated weights. npu_fusion_attention, apply_adam_w and grouped_matmul have no rule: on DTensors they raise
+DTensor's error naming the operator (run them on local shards, e.g. under ``local_map``).
+
+``torch.distributed.tensor`` costs seconds to import, so ``import npudist`` does not register these;
+``import torch_npu`` does, and npudist-only programs call :func:`register` once.
+"""
+from __future__ import annotations
+
+import torch
+
+_registered = False
+
+
+def _batch_dims(ndim: int, reduced_trailing: int) -> range:
+    return range(max(ndim - reduced_trailing, 0))
+
+
+def _register_rules() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    ops = torch.ops.npu
+    R = Replicate()
+
+    def rowwise_dim(x, dim):
+        return dim % x.ndim
+
+    @register_sharding(ops.npu_rms_norm.default)
+    def _(x, gamma, epsilon=1e-6):
+        rules = [([R, R], [R, R, None])]
+        for d in _batch_dims(x.ndim, gamma.ndim):
+            rules.append(([Shard(d), Shard(d)], [Shard(d), R, None]))
+        return rules
+
+    @register_sharding(ops.npu_rms_norm_backward.default)
+    def _(dy, x, gamma, rstd):
+        rules = [([R, R], [R, R, R, R])]
+        for d in _batch_dims(x.ndim, gamma.ndim):
+            rules.append(([Shard(d), Partial()], [Shard(d), Shard(d), R, Shard(d)]))
+        return rules
+
+    def split_rules(n_out, n_in_tensors, n_scalars):
+        def rules(x, dim=-1, *rest):
+            out = [([R] * n_out, [R] * n_in_tensors + [None] * n_scalars)]
+            for d in range(x.ndim):
+                if d != rowwise_dim(x, dim):
+                    out.append(([Shard(d)] * n_out, [Shard(d)] * n_in_tensors + [None] * n_scalars))
+            return out
+        return rules
+
+    register_sharding(ops.npu_swiglu.default)(split_rules(1, 1, 1))
+    register_sharding(ops.npu_geglu.default)(split_rules(2, 1, 2))
+
+    @register_sharding(ops.npu_swiglu_backward.default)
+    def _(grad, x, dim=-1):
+        return [([Shard(d)], [Shard(d), Shard(d), None]) for d in range(x.ndim) if d != rowwise_dim(x, dim)] + [
+            ([R], [R, R, None])]
+
+    @register_sharding(ops.npu_geglu_grad.default)
+    def _(grad_out, grad_gelu, x, dim=-1, approximate=1):
+        return [([Shard(d)], [Shard(d)] * 3 + [None, None]) for d in range(x.ndim) if d != rowwise_dim(x, dim)] + [
+            ([R], [R, R, R, None, None])]
+
+    def follow(r, x, d):
+        """Placement of a broadcast operand r when x is sharded on d (a size-1/missing dim stays replicated)."""
+        rd = d - (x.ndim - r.ndim)
+        return Shard(rd) if rd >= 0 and r.shape[rd] == x.shape[d] else R
+
+    @register_sharding(ops.npu_rotary_mul.default)
+    def _(x, r1, r2, rotary_mode="half"):
+        rules = [([R], [R, R, R, None])]
+        for d in range(x.ndim - 1):
+            rules.append(([Shard(d)], [Shard(d), follow(r1, x, d), follow(r2, x, d), None]))
+        return rules
+
+    @register_sharding(ops.npu_rotary_mul_backward.default)
+    def _(grad, x, r1, r2, rotary_mode="half"):
+        rules = [([R, R, R], [R, R, R, R, None])]
+        for d in range(x.ndim - 1):
+            p1, p2 = follow(r1, x, d), follow(r2, x, d)
+            outs = [Shard(d), p1 if p1 != R else Partial(), p2 if p2 != R else Partial()]
+            rules.append((outs, [Shard(d), Shard(d), p1, p2, None]))
+        return rules
+
+    @register_sharding(ops.npu_scaled_masked_softmax.default)
+    def _(x, mask, scale=1.0, fixed_triu_mask=False):
+        rules = [([R], [R, R, None, None])]
+        for d in range(x.ndim - 2 if fixed_triu_mask else x.ndim - 1):
+            rules.append(([Shard(d)], [Shard(d), follow(mask, x, d), None, None]))
+        return rules
+
+    @register_sharding(ops.npu_scaled_masked_softmax_backward.default)
+    def _(y_grad, y, mask, scale, fixed_triu_mask):
+        rules = [([R], [R, R, R, None, None])]
+        for d in range(y.ndim - 2 if fixed_triu_mask else y.ndim - 1):
+            rules.append(([Shard(d)], [Shard(d), Shard(d), follow(mask, y, d), None, None]))
+        return rules
+
+
+def register() -> None:
+    """Register the DTensor rules (idempotent); imports torch.distributed.tensor."""
+    global _registered
+    if not _registered:
+        _register_rules()
+        _registered = True
