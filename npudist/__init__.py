@@ -10,9 +10,12 @@ happens in one of two ways:
 * explicitly: ``npudist.register()`` (or ``import npudist.device`` for the device, ``import npudist.hccl``
   for the backend, ``import npudist.ops`` for the fused operators).
 
-``import npudist`` itself does no work, so the torch-free layers (``npudist.plan``, ``npudist.models``,
-the ``npudist`` command) load neither torch nor a C++ extension.
+``import npudist`` registers only when torch is already imported (``import torch, npudist`` keeps working with
+autoload off); otherwise it does no work, so the torch-free layers (``npudist.plan``, ``npudist.models``, the
+``npudist`` command) load neither torch nor a C++ extension.
 """
+import sys
+
 __version__ = "0.1.0"
 
 
@@ -40,3 +43,15 @@ def _autoload() -> None:
             "built: `pip install --no-build-isolation -e .` in the npudist checkout), or set "
             "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop loading npudist with torch. `npudist.register()` raises "
             "the full error.", RuntimeWarning, stacklevel=2)
+
+
+def _torch_imported() -> bool:
+    """torch is imported and finished initialising. While ``import torch`` runs (that is when it autoloads us),
+    CPython marks the module's spec ``_initializing``; registration is then left to ``_autoload``, which keeps a
+    failure from breaking ``import torch``."""
+    torch = sys.modules.get("torch")
+    return torch is not None and not getattr(getattr(torch, "__spec__", None), "_initializing", False)
+
+
+if _torch_imported():
+    register()

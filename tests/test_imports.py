@@ -34,15 +34,21 @@ def test_import_torch_alone_brings_npu_and_hccl():
     assert int(count) >= 1 and float(total) == 2.0 and hccl == "True"
 
 
-def test_autoload_switch_off_then_explicit_register():
+def test_autoload_switch_off_then_import_or_explicit_register():
+    # With autoload off, `import npudist` after torch registers (scripts that say `import torch, npudist` keep
+    # working); imported before torch it cannot, and `npudist.register()` does it explicitly.
     r = _python("import sys, torch\n"
                 "print(hasattr(torch, 'npu'), 'npudist' in sys.modules)\n"
                 "import npudist\n"
+                "print(torch.npu.device_count() >= 1)", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "True"]
+    r = _python("import npudist, torch\n"
                 "print(hasattr(torch, 'npu'))\n"
                 "npudist.register()\n"
                 "print(torch.npu.device_count() >= 1)", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False", "False", "False", "True"]
+    assert r.stdout.split() == ["False", "True"]
 
 
 def test_broken_npudist_leaves_torch_importable_with_an_actionable_warning():

@@ -13,12 +13,13 @@ import sys
 import torch
 import torch.utils.checkpoint
 
-import npudist  # registers the npu device, the hccl backend and the npu operators
+import npudist
 from npudist import ops as _ops
 from npudist.ops import matmul as _matmul
 from npudist.ops import optim as _optim
 from npudist.ops import sharding as _sharding
 
+npudist.register()  # the npu device, the hccl backend and the npu operators (also when autoload is off)
 npu = torch.npu
 sys.modules[__name__ + ".npu"] = npu
 
