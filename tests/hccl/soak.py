@@ -75,27 +75,32 @@ class Soak:
 
     def run(self, n_ops: int) -> None:
         ops = [(self.all_reduce, 3), (self.async_all_reduces, 2), (self.all_gather, 2), (self.reduce_scatter, 2),
-               (self.broadcast, 1.5), (self.reduce, 1), (self.gather_scatter, 1), (self.all_to_all_single, 2.5),
+               (self.broadcast, 1.5), (self.reduce, 1), (self.gather_scatter, 1), (self.all_to_all_single, 3),
                (self.all_to_all, 1), (self.p2p_ring, 1.5), (self.coalesced, 1), (self.barrier, 0.5)]
         fns, weights = zip(*ops)
         for index in range(n_ops):
             rng = random.Random(self.seed * 1_000_003 + index)
             group, ranks = self.pick_group(rng)
             fn = rng.choices(fns, weights)[0]
-            dev = rng.choice(["cpu", "npu"])
-            what = f"{fn.__name__} on {dev}, group {ranks}"
+            # Bursts of the same collective with independent sizes back to back: a rank that finished call
+            # N posts call N+1 while its peers still work on N (issue 19 hid there).
+            reps = rng.choice([1, 1, 2, 3, 5])
             if RANK not in ranks:
                 continue
-            try:
-                what = fn(rng, index, group, ranks, dev) or what
-            except BaseException as e:
-                print(f"SOAK FAILURE seed={self.seed} op={index} rank={RANK} world={WS}: {what}: "
-                      f"{type(e).__name__}: {str(e)[:2000]}\n  replay: python benchmarks/hccl_soak.py "
-                      f"--world-size {WS} --seed {self.seed} --ops {index + 1} --max-kib {self.max_bytes // KIB}",
-                      flush=True)
-                raise
-            self.executed += 1
-            self.counts[fn.__name__] = self.counts.get(fn.__name__, 0) + 1
+            for rep in range(reps):
+                sub = random.Random(rng.random())
+                dev = sub.choice(["cpu", "npu"])
+                what = f"{fn.__name__} on {dev}, group {ranks}"
+                try:
+                    what = fn(sub, index * 64 + rep * 8, group, ranks, dev) or what
+                except BaseException as e:
+                    print(f"SOAK FAILURE seed={self.seed} op={index} (repetition {rep}) rank={RANK} world={WS}: "
+                          f"{what}: {type(e).__name__}: {str(e)[:2000]}\n  replay: python "
+                          f"benchmarks/hccl_soak.py --world-size {WS} --seed {self.seed} --ops {index + 1} "
+                          f"--max-kib {self.max_bytes // KIB}", flush=True)
+                    raise
+                self.executed += 1
+                self.counts[fn.__name__] = self.counts.get(fn.__name__, 0) + 1
 
     # -------------------------------------------------------------------------------------------
     # Ops. Each returns a description of what it did (for failure messages).
