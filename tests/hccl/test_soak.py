@@ -32,7 +32,7 @@ BOUNDED = [(2, "1,2", 250, 1100), (4, "3", 300, 600)]
 
 @pytest.mark.parametrize("world_size,seeds,ops,max_kib", BOUNDED)
 def test_randomized_soak_bounded(world_size, seeds, ops, max_kib):
-    results = run_ranks("soak", world_size, args=(seeds, ops, max_kib), timeout=240)
+    results = run_ranks("soak", world_size, args=(seeds, ops, max_kib), timeout=200)
     done = [line for r in results for line in r.output.splitlines() if line.startswith("SOAK DONE")]
     assert len(done) == world_size * len(seeds.split(",")), done
     executed = sum(int(re.search(r"executed=(\d+)", line).group(1)) for line in done)
