@@ -126,3 +126,16 @@ def expect_error(fn, types, *needles):
     raise AssertionError(f"no {types} raised")
 
 
+def expect_group_error(call, *needles, within: float = 5.0):
+    """Runs call(group) on a fresh group of all ranks (10 s timeout); it must raise DistBackendError
+    containing `needles` within `within` seconds. The group is destroyed afterwards."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    g = dist.new_group(timeout=timedelta(seconds=10))
+    msg, took = expect_error(lambda: call(g), dist.DistBackendError, *needles)
+    assert took < within, f"error took {took:.1f}s: {msg[:200]}"
+    dist.destroy_process_group(g)
+    return msg
+

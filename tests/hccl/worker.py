@@ -9,6 +9,7 @@ import sys
 import scen_faults  # noqa: F401  (registers scenarios)
 import scen_groups  # noqa: F401
 import scen_ops  # noqa: F401
+import scen_soak  # noqa: F401
 import scen_zero_copy  # noqa: F401
 from common import SCENARIOS
 

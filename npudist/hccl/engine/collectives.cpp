@@ -212,6 +212,13 @@ void ShmCommunicator::reduce_scatter(const void* in, void* out, size_t count, Da
   } while (off < count);
 }
 
+// The largest split any rank sends or receives in the current all_to_all (after its first sync).
+size_t ShmCommunicator::largest_split() const {
+  size_t mx = 0;
+  for (int j = 0; j < size_; ++j) mx = std::max<size_t>(mx, peer_desc(j).extra);
+  return mx;
+}
+
 void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                  void* out, const size_t* recv_counts, const size_t* recv_offsets,
                                  const OpInfo& info) {
@@ -237,9 +244,7 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
     // Split sizes differ per rank, so whether to go zero-copy is only known after every rank's descriptor is
     // visible: one extra sync on communicators that can do zero-copy at all.
     sync();
-    size_t global_max = 0;
-    for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, peer_desc(j).extra);
-    if (all_shared() && global_max * size_ >= zc_bytes_)
+    if (all_shared() && largest_split() * size_ >= zc_bytes_)
       return all_to_all_zc(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
   }
   // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
@@ -257,8 +262,7 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
     }
     sync();
     if (k == 0) {
-      size_t global_max = 0;
-      for (int j = 0; j < size_; ++j) global_max = std::max<size_t>(global_max, peer_desc(j).extra);
+      const size_t global_max = largest_split();
       steps = std::max<size_t>(1, (global_max + piece - 1) / piece);
       // Every rank sees the same global_max, so all take the same branch (the staged step is ignored).
       if (use_direct(global_max * size_))

@@ -39,6 +39,8 @@ ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment>
   direct_max_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_MAX_KB", 8 * 1024 * 1024);
   zc_bytes_ = env_kib("NPUDIST_ENGINE_ZERO_COPY_KB", 256 * 1024);
   srcs_.resize(size_);
+  peer_descs_.resize(size_);
+  a2a_offsets_.resize(size_);
   peer_maps_.resize(size_);
   zc_src_.resize(size_);
   zc_dst_.resize(size_);
@@ -116,7 +118,20 @@ void ShmCommunicator::sync() {
   step_ = s;
   if (check_pending_) {
     check_pending_ = false;
+    snapshot_descriptors();
     check_descriptors();
+  }
+}
+
+// Every rank posted this op's first step and none can post the next one before this rank does, so no
+// peer can be writing the slots read here (a peer writes the slot of this parity again only when it
+// begins the op after next, which needs this rank's next post).
+void ShmCommunicator::snapshot_descriptors() {
+  const int parity = static_cast<int>(step_ & 1);
+  for (int j = 0; j < size_; ++j) {
+    const RankCtl* c = seg_->ctl(j);
+    peer_descs_[j] = c->desc[parity];
+    a2a_offsets_[j] = cur_.kind == OpKind::kAllToAll ? c->a2a[parity][2][rank_] : 0;
   }
 }
 

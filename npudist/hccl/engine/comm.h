@@ -3,6 +3,8 @@
 // may read the others' half (s % 2) until it posts s + 1. A rank therefore never overwrites data a peer
 // still reads (the peer's post of s + 1 is awaited before writing step s + 2), with one wait per step.
 // The first step of every collective also publishes an OpDesc that all ranks compare (mismatch check).
+// Descriptor slots are double-buffered by the parity of the op's first step, so they are only stable until
+// the reader posts its next step; each rank copies them at the op's first sync and uses the copy after.
 // Internal.
 #pragma once
 #include <optional>
@@ -47,10 +49,12 @@ class ShmCommunicator final : public Communicator {
   // Starts a collective: fails fast if broken/aborted, publishes `d` for the next step.
   void begin(const OpDesc& d, const size_t* a2a_send = nullptr, const size_t* a2a_recv = nullptr,
              const size_t* a2a_send_offsets = nullptr);
-  // Posts the next step and waits until every rank posted it; the first sync of an op checks descriptors.
+  // Posts the next step and waits until every rank posted it; the first sync of an op snapshots and
+  // checks the descriptors.
   void sync();
   char* write_half() const { return seg_->slot(rank_) + ((step_ + 1) & 1) * half_; }
   const char* read_half(int r) const { return seg_->slot(r) + (step_ & 1) * half_; }
+  void snapshot_descriptors();
   void check_descriptors();
   [[noreturn]] void fail_wait(int why, int peer);
   [[noreturn]] void throw_aborted();
@@ -67,7 +71,13 @@ class ShmCommunicator final : public Communicator {
   bool use_direct(size_t bytes) const {
     return direct_ok_ && bytes >= direct_bytes_ && bytes < direct_max_bytes_;
   }
-  const OpDesc& peer_desc(int r) const { return seg_->ctl(r)->desc[cur_.step & 1]; }
+  // The descriptors of the current op as every rank published them, copied at the op's first sync. A peer's
+  // shared descriptor slot is only stable until this rank posts its next step: a peer that finished this
+  // op may then begin the op after next and overwrite it, so later steps must read these copies.
+  const OpDesc& peer_desc(int r) const { return peer_descs_[r]; }
+  // all_to_all: where in peer r's input the bytes for this rank start (snapshot, as peer_desc).
+  uint64_t a2a_offset_from(int r) const { return a2a_offsets_[r]; }
+  size_t largest_split() const;
   void read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes);
   void gather_all_direct(const void* in, void* out, size_t bytes);
   void all_gather_direct(const void* in, void* out, size_t bytes);
@@ -129,6 +139,8 @@ class ShmCommunicator final : public Communicator {
   WaitContext ctx_;
   std::optional<EngineError> broken_;
   std::vector<const void*> srcs_;
+  std::vector<OpDesc> peer_descs_;
+  std::vector<uint64_t> a2a_offsets_;
 
 };
 

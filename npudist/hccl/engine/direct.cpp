@@ -141,11 +141,10 @@ void ShmCommunicator::scatter_direct(const void* in, void* out, size_t bytes, in
 // Called after the first sync of all_to_all (descriptors, counts and offsets are visible).
 void ShmCommunicator::all_to_all_direct(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                         void* out, const size_t* recv_counts, const size_t* recv_offsets) {
-  const int parity = static_cast<int>(cur_.step & 1);
   for (int k = 1; k < size_; ++k) {
     const int j = (rank_ + k) % size_;
     if (recv_counts[j] == 0) continue;
-    const uint64_t off = seg_->ctl(j)->a2a[parity][2][rank_];
+    const uint64_t off = a2a_offset_from(j);
     read_peer(j, peer_desc(j).src_addr + off, static_cast<char*>(out) + recv_offsets[j], recv_counts[j]);
   }
   const char* src = static_cast<const char*>(in) + send_offsets[rank_];

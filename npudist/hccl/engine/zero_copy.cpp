@@ -171,14 +171,13 @@ void ShmCommunicator::broadcast_zc(void* buf, size_t bytes, int root) {
 // Called after a sync that made every rank's descriptor, counts and offsets visible.
 void ShmCommunicator::all_to_all_zc(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                     void* out, const size_t* recv_counts, const size_t* recv_offsets) {
-  const int parity = static_cast<int>(cur_.step & 1);
   size_t recv_total = 0;
   for (int j = 0; j < size_; ++j) recv_total += recv_counts[j];
   const bool stream = recv_total >= stream_bytes_;
   for (int k = 1; k < size_; ++k) {
     const int j = (rank_ + k) % size_;
     if (recv_counts[j] == 0) continue;
-    const char* src = map_shared(j, peer_desc(j).zc_src) + seg_->ctl(j)->a2a[parity][2][rank_];
+    const char* src = map_shared(j, peer_desc(j).zc_src) + a2a_offset_from(j);
     copy_out(mptr(out, recv_offsets[j]), src, recv_counts[j], stream);
   }
   const char* src = cptr(in, send_offsets[rank_]);
