@@ -59,4 +59,13 @@ def format_report(records, entries: dict, title: str = "") -> str:
     for r in sorted(failing, key=lambda r: (r["status"] != "crash", r["op"], r["dtype"])):
         tag = " (expected)" if is_expected(r, entries) else ""
         lines.append(f"{r['status']:8} {r['op']:40} {r['dtype']:12}{tag} {r['message']}")
+    inexact = []
+    for r in records:
+        for phase in ("forward", "backward"):
+            t = r.get(phase)
+            if t and t["bitwise"] < t["agree"]:
+                inexact.append(f"{r['op']:40} {r['dtype']:12} {phase:8} {t['agree'] - t['bitwise']} of "
+                               f"{t['agree']} agreeing samples within tolerance, not bitwise")
+    if inexact:
+        lines += ["", "agree but not bitwise equal:"] + sorted(inexact)
     return "\n".join(lines) + "\n"
