@@ -28,22 +28,23 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _to_npu(obj, key=None):
-    """Copy a sample's structure to npu: tensors (keeping requires_grad), cpu devices, device='cpu'."""
+def _to_npu(obj):
+    """Copy a sample's structure to npu: tensors (keeping requires_grad), and cpu devices, also
+    spelled as strings (op_db passes the device under test as 'cpu', e.g. ``to('cpu', ...)``)."""
     if isinstance(obj, torch.Tensor):
         with torch.no_grad():
             t = obj.detach().to("npu")
         return t.requires_grad_(obj.requires_grad) if obj.requires_grad else t
     if isinstance(obj, torch.device):
         return torch.device("npu") if obj.type == "cpu" else obj
-    if key == "device" and obj == "cpu":
+    if isinstance(obj, str) and obj == "cpu":
         return "npu"
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(_to_npu(x) for x in obj)
     if isinstance(obj, list):
         return [_to_npu(x) for x in obj]
     if isinstance(obj, dict):
-        return {k: _to_npu(v, k) for k, v in obj.items()}
+        return {k: _to_npu(v) for k, v in obj.items()}
     return obj
 
 
@@ -143,7 +144,7 @@ def run_op_dtype(op, dtype, max_samples, progress):
     ``progress(i, phase)`` is called before each call that could crash the process.
     Returns a dict with 'forward' and (if the dtype is differentiable for the op) 'backward' tallies.
     """
-    start = time.monotonic()
+    start, cpu_start = time.monotonic(), time.process_time()
     grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
     _seed(SEED)
     result = {"forward": PhaseTally()}
@@ -159,11 +160,13 @@ def run_op_dtype(op, dtype, max_samples, progress):
         except StopIteration:
             break
         except Exception as e:  # noqa: BLE001
-            return {"harness_error": _short(e), "seconds": time.monotonic() - start}
+            return {"harness_error": _short(e), "seconds": time.monotonic() - start,
+                    "cpu_seconds": time.process_time() - cpu_start}
         _run_sample(op, sample, i, result, progress)
         _seed(SEED + i + 1)  # the next sample does not depend on this one's draws
     out = {phase: t.as_dict() for phase, t in result.items()}
     out["seconds"] = time.monotonic() - start
+    out["cpu_seconds"] = time.process_time() - cpu_start  # the load-independent cost, for CI budgeting
     return out
 
 

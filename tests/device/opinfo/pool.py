@@ -242,7 +242,8 @@ class Pool:
 
 def make_record(op: str, dtype: str, result: dict) -> dict:
     """Flatten a worker's op x dtype result into a record with one overall ``status``."""
-    rec = {"op": op, "dtype": dtype, "seconds": round(result.get("seconds", 0.0), 3)}
+    rec = {"op": op, "dtype": dtype, "seconds": round(result.get("seconds", 0.0), 3),
+           "cpu_seconds": round(result.get("cpu_seconds", 0.0), 3)}
     if "harness_error" in result:
         rec.update(status="nosamples", message="CPU sample generation failed: " + result["harness_error"])
         return rec

@@ -34,6 +34,7 @@ def count(records, entries: dict) -> dict:
         "bitwise_share": (totals["forward_bitwise"] + totals["backward_bitwise"]) / agreeing if agreeing else 1.0,
         "backward_pairs_where_forward_agrees": len(fwd_ok), "backward_agrees_there": len(bwd_ok),
         "seconds": round(sum(r.get("seconds", 0.0) for r in records), 1),
+        "cpu_seconds": round(sum(r.get("cpu_seconds", 0.0) for r in records), 1),
     }
 
 
@@ -52,7 +53,7 @@ def format_report(records, entries: dict, title: str = "") -> str:
         f"bitwise-equal share of agreeing samples: {100.0 * c['bitwise_share']:.2f}%",
         f"backward agrees in {c['backward_agrees_there']} of {c['backward_pairs_where_forward_agrees']} "
         f"differentiable pairs whose forward agrees",
-        f"worker time: {c['seconds']} s",
+        f"worker time: {c['seconds']} s wall, {c['cpu_seconds']} s CPU (excluding process start)",
         "",
     ]
     failing = [r for r in records if r["status"] not in ("agree", "nosamples")]

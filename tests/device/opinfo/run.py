@@ -10,6 +10,7 @@
 """
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -64,6 +65,8 @@ def main(argv=None) -> int:
     dtypes = set(a.dtypes.split(",")) if a.dtypes else None
     shard = tuple(int(x) for x in a.shard.split("/"))
     entries = expected.load()
+    # SIGTERM unwinds like Ctrl-C, so the pool kills its workers and removes its socket directory
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     start = time.monotonic()
     with Pool(a.workers, a.max_samples, a.timeout) as pool:
         catalog = pool.load_catalog()
