@@ -199,5 +199,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("record_stream", TORCH_FN(record_stream));
 }
 
+// copy_ handles conjugate/negative bits itself (the CPU copy kernel conjugates/negates while copying),
+// but for npu it first redispatches to _copy_from, which PyTorch's Conjugate/Negative fallbacks do not
+// pass through: they would materialise the source with clone(), whose copy_ calls _copy_from again --
+// unbounded recursion (SIGSEGV). Pass the bits through to copy_from, whose CPU aliases carry them.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 }  // namespace
 }  // namespace npudist
