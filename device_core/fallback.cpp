@@ -35,7 +35,7 @@ thread_local std::vector<const void*> tls_adopted;
 
 class AdoptingCpuAllocator final : public c10::Allocator {
  public:
-  explicit AdoptingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  explicit AdoptingCpuAllocator(c10::Allocator* base) : base_(base) { g_base_raw_deleter = base->raw_deleter(); }
   c10::DataPtr allocate(size_t n) override {
     if (tls_adopt_device < 0) return base_->allocate(n);
     c10::DataPtr p = memory::allocator()->allocate(n);
@@ -43,7 +43,14 @@ class AdoptingCpuAllocator final : public c10::Allocator {
     tls_adopted.push_back(p.get());
     return p;
   }
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  // raw_allocate (used e.g. by oneDNN/ideep for scratch buffers) frees through raw_deleter(): memory
+  // handed out inside an AdoptScope belongs to the npu allocator and must go back there.
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+  static void raw_delete(void* ptr) {
+    if (memory::owns(ptr)) memory::allocator()->raw_deleter()(ptr);
+    else g_base_raw_deleter(ptr);
+  }
+  static inline c10::DeleterFnPtr g_base_raw_deleter = nullptr;
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 
  private:
@@ -375,6 +382,14 @@ size_t register_cpu_kernel_redirects() {
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
       ++n;
     }
+  }
+  // Composite ops that choose a backend by device: on PrivateUse1, _convolution and convolution_backward
+  // pick ConvBackend::Overrideable (convolution_overrideable, which nobody implements). Running their
+  // composite kernel on the CPU aliases makes the choice CPU's (mkldnn / slow / depthwise kernels), so
+  // npu convolutions are CPU's convolutions, bit for bit, on the same bytes.
+  for (const char* composite : {"convolution", "_convolution", "_convolution.deprecated", "convolution_backward"}) {
+    lib->impl(composite, torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+    ++n;
   }
   return n;
 }
