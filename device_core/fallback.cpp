@@ -205,6 +205,7 @@ class Fallback {
     if (!t.defined()) return;
     c10::Device d = t.device();
     if (d.type() == kNpu) {
+      check_representable(t, "argument '" + name + "' is");
       if (device_ < 0) device_ = d.index();
       else if (d.index() != device_) fail_device_mismatch(op_, name, d, device_);
       max_numel_ = std::max<int64_t>(max_numel_, t.numel());
@@ -315,8 +316,19 @@ class Fallback {
     }
   }
 
+  // Sparse, quantized, nested and mkldnn tensors have no plain storage + strides to alias or adopt:
+  // they are not npu tensors here (docs/device.md). Say so, naming the op, instead of failing deep inside.
+  void check_representable(const at::Tensor& t, const std::string& what) const {
+    TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested(),
+                                "The operator '", op_.schema().operator_name(), "' is not supported on npu: ", what,
+                                " a ", t.is_quantized() ? "quantized" : t.is_nested() ? "nested" : "non-strided (",
+                                t.is_quantized() || t.is_nested() ? "" : c10::str(t.layout(), ")"),
+                                " tensor, and npudist's npu tensors are dense and strided only.");
+  }
+
   at::Tensor map_tensor(const at::Tensor& r, const AdoptScope& adopt, int64_t& max_numel) {
     if (!r.defined() || r.device().type() != c10::kCPU) return r;
+    check_representable(r, "its CPU kernel returned");
     c10::TensorImpl* ri = r.unsafeGetTensorImpl();
     for (const Alias& a : aliases_) {
       if (a.cpu.unsafeGetTensorImpl() == ri) return a.orig;  // in-place / out=
