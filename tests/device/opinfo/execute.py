@@ -33,7 +33,7 @@ def _to_npu(obj):
     spelled as strings (op_db passes the device under test as 'cpu', e.g. ``to('cpu', ...)``)."""
     if isinstance(obj, torch.Tensor):
         with torch.no_grad():
-            t = obj.detach().to("npu")
+            t = _same_layout_on_npu(obj.detach())
         return t.requires_grad_(obj.requires_grad) if obj.requires_grad else t
     if isinstance(obj, torch.device):
         return torch.device("npu") if obj.type == "cpu" else obj
@@ -46,6 +46,16 @@ def _to_npu(obj):
     if isinstance(obj, dict):
         return {k: _to_npu(v) for k, v in obj.items()}
     return obj
+
+
+def _same_layout_on_npu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on npu with the same storage size, strides and offset: a partial, overlapping or
+    expanded view stays one (``.to("npu")`` would compact it and change what the op sees)."""
+    if t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg() or t.dtype.itemsize == 0:
+        return t.to("npu")
+    n = t.untyped_storage().nbytes() // t.element_size()
+    whole = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+    return whole.to("npu").as_strided(t.size(), t.stride(), t.storage_offset())
 
 
 def _tensors(obj):
