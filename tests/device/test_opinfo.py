@@ -16,7 +16,7 @@ from .opinfo.pool import Pool, Task
 from .opinfo.run import select_tasks
 
 SHARDS = 8
-MAX_SAMPLES = 3
+MAX_SAMPLES = 5
 PAIR_TIMEOUT = 120.0  # seconds per op x dtype; a hang is killed and recorded as that pair's failure
 
 

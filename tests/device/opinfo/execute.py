@@ -58,6 +58,20 @@ def _same_layout_on_npu(t: torch.Tensor) -> torch.Tensor:
     return whole.to("npu").as_strided(t.size(), t.stride(), t.storage_offset())
 
 
+def _mentions_npu(obj) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return obj.device.type == "npu"
+    if isinstance(obj, torch.device):
+        return obj.type == "npu"
+    if isinstance(obj, str):
+        return obj == "npu"
+    if isinstance(obj, (list, tuple)):
+        return any(_mentions_npu(x) for x in obj)
+    if isinstance(obj, dict):
+        return any(_mentions_npu(x) for x in obj.values())
+    return False
+
+
 def _tensors(obj):
     """Tensors of a nested structure, in a deterministic order."""
     if isinstance(obj, torch.Tensor):
@@ -185,6 +199,8 @@ def _run_sample(op, sample, i, result, progress):
     npu_sample = type(sample)(npu_input, args=npu_args, kwargs=npu_kwargs,
                               output_process_fn_grad=sample.output_process_fn_grad,
                               broadcasts_input=sample.broadcasts_input, name=sample.name)
+    if not _mentions_npu((npu_input, npu_args, npu_kwargs)):
+        return  # e.g. arange(2): no tensor or device argument, so the op never meets npu
     progress(i, "forward")
     if op.has_nondeterministic_output:
         # Uninitialized memory (empty*): only metadata is meaningful, so compare shapes/dtypes/devices

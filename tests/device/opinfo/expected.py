@@ -3,14 +3,15 @@
 One entry per line: ``op  dtypes  status  reason``. ``dtypes`` is ``*`` (every dtype the op runs in)
 or a comma list; ``status`` is the failure expected (mismatch, error, crash, timeout); ``reason``
 starts with ``random:`` (the result depends on the random generator, which on npu is independent of
-CPU's, as CUDA's is) or ``bug:`` (a device bug being fixed). A run fails on a failure the list does
+CPU's, as CUDA's is), ``unsupported:`` (a documented absence, e.g. sparse npu tensors, which raise
+NotImplementedError naming the op; docs/device.md "Absent") or ``bug:`` (a device bug being fixed). A run fails on a failure the list does
 not expect, on a different failure than the one listed, and on a listed pair that now agrees.
 """
 import os
 from dataclasses import dataclass
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "expected_failures.txt")
-REASON_KINDS = ("random:", "bug:")
+REASON_KINDS = ("random:", "unsupported:", "bug:")
 FAILURES = ("mismatch", "error", "crash", "timeout")
 
 

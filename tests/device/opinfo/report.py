@@ -59,7 +59,7 @@ def format_report(records, entries: dict, title: str = "") -> str:
     failing = [r for r in records if r["status"] not in ("agree", "nosamples")]
     for r in sorted(failing, key=lambda r: (r["status"] != "crash", r["op"], r["dtype"])):
         tag = " (expected)" if is_expected(r, entries) else ""
-        lines.append(f"{r['status']:8} {r['op']:40} {r['dtype']:12}{tag} {r['message']}")
+        lines.append(f"{r['status']:8} {r['op']:40} {r['dtype']:12}{tag} {' '.join(r['message'].split())}")
     inexact = []
     for r in records:
         for phase in ("forward", "backward"):

@@ -42,7 +42,8 @@ def run(tasks, pool: Pool, log=None) -> list:
     for rec in pool.run(tasks):
         records.append(rec)
         if log is not None and rec["status"] != "agree":
-            print(f"{rec['status']:8} {rec['op']} {rec['dtype']}: {rec['message']}", file=log, flush=True)
+            print(f"{rec['status']:8} {rec['op']} {rec['dtype']}: {' '.join(rec['message'].split())}", file=log,
+                  flush=True)
     return records
 
 
