@@ -35,7 +35,7 @@ thread_local std::vector<const void*> tls_adopted;
 
 class AdoptingCpuAllocator final : public c10::Allocator {
  public:
-  explicit AdoptingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  explicit AdoptingCpuAllocator(c10::Allocator* base) : base_(base) { g_base_raw_deleter = base->raw_deleter(); }
   c10::DataPtr allocate(size_t n) override {
     if (tls_adopt_device < 0) return base_->allocate(n);
     c10::DataPtr p = memory::allocator()->allocate(n);
@@ -43,7 +43,14 @@ class AdoptingCpuAllocator final : public c10::Allocator {
     tls_adopted.push_back(p.get());
     return p;
   }
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  // raw_allocate (used e.g. by oneDNN/ideep for scratch buffers) frees through raw_deleter(): memory
+  // handed out inside an AdoptScope belongs to the npu allocator and must go back there.
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+  static void raw_delete(void* ptr) {
+    if (memory::owns(ptr)) memory::allocator()->raw_deleter()(ptr);
+    else g_base_raw_deleter(ptr);
+  }
+  static inline c10::DeleterFnPtr g_base_raw_deleter = nullptr;
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 
  private:
@@ -198,6 +205,7 @@ class Fallback {
     if (!t.defined()) return;
     c10::Device d = t.device();
     if (d.type() == kNpu) {
+      check_representable(t, "argument '" + name + "' is");
       if (device_ < 0) device_ = d.index();
       else if (d.index() != device_) fail_device_mismatch(op_, name, d, device_);
       max_numel_ = std::max<int64_t>(max_numel_, t.numel());
@@ -308,8 +316,19 @@ class Fallback {
     }
   }
 
+  // Sparse, quantized, nested and mkldnn tensors have no plain storage + strides to alias or adopt:
+  // they are not npu tensors here (docs/device.md). Say so, naming the op, instead of failing deep inside.
+  void check_representable(const at::Tensor& t, const std::string& what) const {
+    TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested(),
+                                "The operator '", op_.schema().operator_name(), "' is not supported on npu: ", what,
+                                " a ", t.is_quantized() ? "quantized" : t.is_nested() ? "nested" : "non-strided (",
+                                t.is_quantized() || t.is_nested() ? "" : c10::str(t.layout(), ")"),
+                                " tensor, and npudist's npu tensors are dense and strided only.");
+  }
+
   at::Tensor map_tensor(const at::Tensor& r, const AdoptScope& adopt, int64_t& max_numel) {
     if (!r.defined() || r.device().type() != c10::kCPU) return r;
+    check_representable(r, "its CPU kernel returned");
     c10::TensorImpl* ri = r.unsafeGetTensorImpl();
     for (const Alias& a : aliases_) {
       if (a.cpu.unsafeGetTensorImpl() == ri) return a.orig;  // in-place / out=
@@ -375,6 +394,14 @@ size_t register_cpu_kernel_redirects() {
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
       ++n;
     }
+  }
+  // Composite ops that choose a backend by device: on PrivateUse1, _convolution and convolution_backward
+  // pick ConvBackend::Overrideable (convolution_overrideable, which nobody implements). Running their
+  // composite kernel on the CPU aliases makes the choice CPU's (mkldnn / slow / depthwise kernels), so
+  // npu convolutions are CPU's convolutions, bit for bit, on the same bytes.
+  for (const char* composite : {"convolution", "_convolution", "_convolution.deprecated", "convolution_backward"}) {
+    lib->impl(composite, torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+    ++n;
   }
   return n;
 }

@@ -6,6 +6,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/tensor_split_native.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
@@ -197,6 +198,30 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("record_stream", TORCH_FN(record_stream));
+}
+
+// tensor_split(self, Tensor indices_or_sections) reads the indices on the host and insists they are a
+// CPU tensor (CUDA raises too). On npu the indices are host-readable device memory: accept them by
+// moving them to CPU before the composite kernel (registered for autograd, where that kernel runs).
+std::vector<at::Tensor> tensor_split_indices(const at::Tensor& self, const at::Tensor& indices, int64_t dim) {
+  return at::native::tensor_split(self, indices.device().type() == kNpu ? indices.cpu() : indices, dim);
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("tensor_split.tensor_indices_or_sections", TORCH_FN(tensor_split_indices));
+}
+
+// copy_ handles conjugate/negative bits itself (the CPU copy kernel conjugates/negates while copying),
+// but for npu it first redispatches to _copy_from, which PyTorch's Conjugate/Negative fallbacks do not
+// pass through: they would materialise the source with clone(), whose copy_ calls _copy_from again --
+// unbounded recursion (SIGSEGV). Pass the bits through to copy_from, whose CPU aliases carry them.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace

@@ -12,6 +12,9 @@ namespace npudist::memory {
 // Allocates on the device of the current npu device guard, associated with that device's current stream.
 c10::Allocator* allocator();
 
+// True if `ptr` is a live allocation of the npu allocator (what allocator()->raw_deleter() frees).
+bool owns(void* ptr);
+
 // Tensor.record_stream: the block behind data_ptr must not be reused until `stream` has passed the
 // point where this was called.
 void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream);

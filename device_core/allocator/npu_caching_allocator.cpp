@@ -222,6 +222,14 @@ NpuAllocator g_allocator;
 
 c10::Allocator* allocator() { return &g_allocator; }
 
+bool owns(void* ptr) {
+  if (!ptr) return false;
+  if (CachingAllocator* c = g_core.load(std::memory_order_acquire); c && c->owns(ptr)) return true;
+  if (!g_plug_alloc.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(g_plug_mu);
+  return g_plug_live.count(ptr) > 0;
+}
+
 void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream) {
   // Only blocks of the caching allocator are tracked; pluggable allocations and empty storages have
   // nothing to protect (a pluggable allocator owns its own reuse policy).

@@ -35,8 +35,9 @@ def shm_segments(job_id: str) -> set[str]:
 
 def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: dict | None = None,
               rank_env: dict[int, dict] | None = None, args: tuple = (), expect_ok: bool = True,
-              check_shm: bool = True) -> list[RankResult]:
-    """Start `world_size` workers running `scenario`; return their results once all exited."""
+              check_shm: bool = True, worker: str = WORKER) -> list[RankResult]:
+    """Start `world_size` workers running `scenario` of `worker` (tests/hccl/worker.py by default);
+    return their results once all exited."""
     job_id = "t" + uuid.uuid4().hex[:12]
     tmpdir = tempfile.mkdtemp(prefix="hccl_test_")
     store_path = os.path.join(tmpdir, "store")
@@ -56,7 +57,7 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
         e.update((rank_env or {}).get(rank, {}))
         out = tempfile.TemporaryFile(mode="w+")
         outs.append(out)
-        procs.append(subprocess.Popen([sys.executable, WORKER, scenario, *map(str, args)], env=e,
+        procs.append(subprocess.Popen([sys.executable, worker, scenario, *map(str, args)], env=e,
                                       stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                       start_new_session=True))
     deadline = time.monotonic() + timeout
