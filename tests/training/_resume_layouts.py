@@ -1,6 +1,6 @@
 """Worker of the cross-layout resume test: in one 2-rank process group, train a tiny model uninterrupted under
-each layout (saving at steps 2 and 4), then resume every layout's step-2 save under every layout, and try a
-resume with a changed global batch size. Rank 0 writes the losses and the refusal message as JSON."""
+each layout (saving at steps 2 and 4), then resume every layout's step-2 save under each other layout, and try
+a resume with a changed global batch size. Rank 0 writes the losses and the refusal message as JSON."""
 from __future__ import annotations
 
 import io
@@ -64,7 +64,8 @@ def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str)
         for layout in LAYOUTS:
             plan = make_plan(corpus, device, layout, os.path.join(base, layout), load_step=0)
             result["uninterrupted"][layout] = train(plan, quiet).losses
-        pairs = [(a, b) for a in LAYOUTS for b in LAYOUTS] + [("pp_interleaved", "fsdp")]
+        # Resuming under the saving layout itself is covered (bit for bit) by the kill-during-save test.
+        pairs = [(a, b) for a in LAYOUTS for b in LAYOUTS if a != b] + [("pp_interleaved", "fsdp")]
         for src, dst in pairs:
             folder = os.path.join(base, f"{src}-to-{dst}")
             if src in EXTRA:

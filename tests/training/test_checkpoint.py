@@ -1,8 +1,9 @@
 """Checkpoint and resume.
 
 * Layout changes (in one spawned 2-rank process group, to keep CI time small): a save under FSDP x2, TP x2
-  or PP x2 resumes under each of them (and an interleaved pipeline's save under FSDP), and the resumed steps'
-  losses equal the uninterrupted run's; a resume with another global batch size is refused, naming both.
+  or PP x2 resumes under each other one (and an interleaved pipeline's save under FSDP), and the resumed
+  steps' losses equal the uninterrupted run's; a resume with another global batch size is refused, naming
+  both.
 * Through examples/train.py under npurun: a rank killed in the middle of a save leaves the previous save as
   the one resumed, and the resumed run continues with the killed run's losses.
 """
@@ -21,7 +22,7 @@ from test_train_run import DEVICE, _run
 KILLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kill_mid_save.py")
 
 # Different layouts reduce in different orders: the parity tests' bound (1e-5 relative). A resume under the
-# saving layout itself must reproduce the uninterrupted run bit for bit.
+# saving layout itself must reproduce the uninterrupted run bit for bit (the kill-during-save test).
 CROSS_RTOL = 1e-5
 
 
@@ -29,23 +30,23 @@ def _close(got: float, want: float, rtol: float) -> bool:
     return abs(got - want) <= rtol * abs(want)
 
 
-@pytest.mark.timeout(300)
+# About 40 s on an idle 2-core machine; the generous bound is for a machine shared with other jobs.
+@pytest.mark.timeout(480)
 def test_resume_under_every_layout_matches_uninterrupted_run(tmp_path):
     corpus = default_corpus_path(cache_dir=str(tmp_path / "cache"))
     out = tmp_path / "result.json"
-    run_ranks(worker, 2, (corpus, DEVICE, str(tmp_path / "ck"), str(out)), str(tmp_path), timeout=280)
+    run_ranks(worker, 2, (corpus, DEVICE, str(tmp_path / "ck"), str(out)), str(tmp_path), timeout=450)
     res = json.loads(out.read_text())
     full = res["uninterrupted"]
     assert all(len(v) == STEPS for v in full.values()), full
     for layout, losses in full.items():   # the layouts themselves agree (as in the parity tests)
         assert all(_close(a, b, CROSS_RTOL) for a, b in zip(losses, full["fsdp"])), (layout, losses, full["fsdp"])
     assert full["fsdp"][-1] < full["fsdp"][0]
-    assert len(res["resumed"]) == len(LAYOUTS) ** 2 + 1
+    assert len(res["resumed"]) == len(LAYOUTS) * (len(LAYOUTS) - 1) + 1
     for pair, got in res["resumed"].items():
         src, dst = pair.split("->")
         want = full[dst][SAVED_STEP:]
-        rtol = 0.0 if src == dst else CROSS_RTOL
-        assert len(got) == STEPS - SAVED_STEP and all(_close(g, w, rtol) for g, w in zip(got, want)), \
+        assert len(got) == STEPS - SAVED_STEP and all(_close(g, w, CROSS_RTOL) for g, w in zip(got, want)), \
             (pair, got, want)
     refused = res["refused"]
     assert refused is not None, "a resume with another global batch size must be refused"
