@@ -4,6 +4,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/tensor_split_native.h>
@@ -146,6 +147,18 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   memory::record_stream(self.storage().data_ptr(), stream);
 }
 
+// Autograd returns _efficientzerotensor for gradients known to be zero (e.g. sgn of a real input). Its
+// CPU kernel builds a CPU ZeroTensor (no bytes); adopted by the fallback it would lose the ZeroTensor key
+// and become an npu tensor over a null pointer. Build an npu ZeroTensor, as CUDA does.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory) {
+  check_factory_args(layout, pin_memory);
+  at::native::ZeroTensorAllocator zeros(npu_device(resolve_device_index(device)));
+  return at::detail::empty_generic(size, &zeros, kNpuKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+                                   c10::dtype_or_default(dtype), std::nullopt);
+}
+
 // native_dropout has no generator argument: its CPU kernel would draw from the CPU generator. Build it
 // from bernoulli_ on npu (which draws from the npu generator), with the CPU kernel's semantics.
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
@@ -184,6 +197,7 @@ namespace {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));
+  m.impl("_efficientzerotensor", TORCH_FN(efficientzerotensor));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));

@@ -118,3 +118,14 @@ def test_sparse_and_quantized_raise_naming_the_op():
         x.to_sparse()
     with pytest.raises(NotImplementedError, match=r"aten::quantize_per_tensor.*quantized"):
         torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+
+
+def test_efficient_zero_gradient_is_an_npu_zero_tensor():
+    """sgn of a real input has an 'efficient zero' gradient (a ZeroTensor, no bytes); reading it crashed."""
+    x_c, x_n = _pair(torch.randn(5))
+    g_c, = torch.autograd.grad(torch.sgn(x_c), x_c, torch.ones(5))
+    g_n, = torch.autograd.grad(torch.sgn(x_n), x_n, torch.ones(5, device="npu"))
+    _assert_same(g_c, g_n)
+    z = torch._efficientzerotensor(3, device="npu")
+    assert z._is_zerotensor() and z.device.type == "npu"
+    assert torch.equal((z + 2).cpu(), torch.full((3,), 2.0))
