@@ -388,8 +388,11 @@ size_t register_cpu_kernel_redirects() {
         op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       continue;
     }
+    // Also ops with a CPU kernel and a CompositeImplicitAutograd one (e.g. mish_backward): CPU runs its own
+    // kernel (a backend kernel takes precedence over the implicit decomposition), so npu must too.
     if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
       ++n;
