@@ -36,13 +36,17 @@ def _autoload() -> None:
     try:
         register()
     except Exception as e:  # noqa: BLE001 - any failure: report, keep torch importable
+        # Forget the half-imported package so that the user's own `import npudist` runs registration again
+        # and raises the real error where their script asks for npudist.
+        for name in [m for m in sys.modules if m == "npudist" or m.startswith("npudist.")]:
+            del sys.modules[name]
         import warnings
         warnings.warn(
             f"npudist: the npu device and hccl backend were not registered at `import torch` "
             f"({type(e).__name__}: {e}). torch works without them. Fix the cause above (an extension that is not "
             "built: `pip install --no-build-isolation -e .` in the npudist checkout), or set "
-            "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop loading npudist with torch. `npudist.register()` raises "
-            "the full error.", RuntimeWarning, stacklevel=2)
+            "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop loading npudist with torch. `import npudist` or "
+            "`npudist.register()` raises the full error.", RuntimeWarning, stacklevel=2)
 
 
 def _torch_imported() -> bool:

@@ -29,7 +29,8 @@ def test_visible_devices_filter_and_renumber():
     ({"NPUDIST_DEVICE_MEMORY": "16 parsecs"}, "NPUDIST_DEVICE_MEMORY"),
 ])
 def test_malformed_env_is_a_clear_error(env, needle):
-    r = run_python("import npudist", env)
+    # `import torch` only warns (autoload must not break torch); the script's `import npudist` raises.
+    r = run_python("import torch, npudist", env)
     assert r.returncode != 0
     assert "ValueError" in r.stderr and needle in r.stderr
 
