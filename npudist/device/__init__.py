@@ -63,3 +63,9 @@ __all__ = [
 ] + list(memory.__all__)
 
 _registration.register(__name__)
+
+
+def __getattr__(name):
+    # Inductor looks up torch.npu.Scheduling & co. on the first torch.compile; npudist.compile answers lazily.
+    from npudist.compile import lookup_codegen
+    return lookup_codegen(name)
