@@ -17,6 +17,7 @@ import functools
 from textwrap import dedent
 
 import torch
+from torch._inductor import config
 from torch._inductor.codegen.common import (
     DeviceOpOverrides,
     get_scheduling_for_device,
@@ -76,8 +77,26 @@ class NpuWrapperCodegen(PythonWrapperCodegen):
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
 
+class NpuScheduling(CppScheduling):
+    """The CPU C++ scheduling, generating its kernels with Inductor's backend questions answered as for CPU.
+
+    ``torch._inductor.utils.get_current_backend()`` answers ``config.cpu_backend`` ("cpp") only for device type
+    "cpu" and ``config.cuda_backend`` ("triton") for every other device; kernel codegen asks it to choose
+    Triton-only paths (``masked`` dtype propagation, fp16/bf16 compute upcasts, runtime asserts). While npu
+    kernels are generated, ``cuda_backend`` is set to the CPU backend — scoped to this codegen, no global flip.
+    """
+
+    def codegen_node(self, node):
+        with config.patch(cuda_backend=config.cpu_backend):
+            return super().codegen_node(node)
+
+    def codegen_template(self, *args, **kwargs):
+        with config.patch(cuda_backend=config.cpu_backend):
+            return super().codegen_template(*args, **kwargs)
+
+
 # Names torch.npu exposes for Inductor's init_backend_registration (see npudist.compile).
-Scheduling = CppScheduling
+Scheduling = NpuScheduling
 PythonWrapperCodegen = NpuWrapperCodegen
 CppWrapperCodegen = CppWrapperCpu
 WrapperFxCodegen = WrapperFxCodegen
