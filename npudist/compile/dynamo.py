@@ -14,17 +14,9 @@ class NpuInterface(DeviceInterface):
 
     class Worker:
         # Used by compile workers; the emulated device needs no driver, so these are the plain torch.npu calls.
-        @staticmethod
-        def set_device(device: int) -> None:
-            torch.npu.set_device(device)
-
-        @staticmethod
-        def current_device() -> int:
-            return torch.npu.current_device()
-
-        @staticmethod
-        def get_device_properties(device=None):
-            return torch.npu.get_device_properties(device)
+        set_device = staticmethod(torch.npu.set_device)
+        current_device = staticmethod(torch.npu.current_device)
+        get_device_properties = staticmethod(torch.npu.get_device_properties)
 
     @staticmethod
     def current_device() -> int:

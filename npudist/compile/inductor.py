@@ -16,7 +16,6 @@ What is npu-specific:
 import functools
 from textwrap import dedent
 
-import torch
 from torch._inductor import config
 from torch._inductor.codegen.common import (
     DeviceOpOverrides,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("compile")]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("compile_cache")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
