@@ -6,6 +6,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/tensor_split_native.h>
 #include <ATen/ops/view_native.h>
@@ -179,6 +180,12 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
+  // Under torch.compile the Meta kernel of _fused_sdp_choice calls this stub with fake npu tensors (no data
+  // to alias): answer what it answers for fake CPU tensors, the math decomposition, which Inductor fuses.
+  constexpr auto kTracing = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->key_set().has_any(kTracing)) return static_cast<int64_t>(sdp::SDPBackend::math);
+  }
   auto cpu = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t; };
   std::optional<at::Tensor> m;
   if (mask.has_value() && mask->defined()) m = cpu(*mask);

@@ -66,3 +66,9 @@ __all__ = [
 
 _registration.register(__name__)
 shallow_copy.register()
+
+
+def __getattr__(name):
+    # Inductor looks up torch.npu.Scheduling & co. on the first torch.compile; npudist.compile answers lazily.
+    from npudist.compile import lookup_codegen
+    return lookup_codegen(name)

@@ -1,0 +1,51 @@
+"""Graph-mode registration is lazy (nothing at ``import npudist``) and the FX graph cache works across runs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("compile_cache")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_CHILD = r"""
+import json, sys, time
+import torch, npudist
+lazy = not any(m in sys.modules for m in ("torch._inductor", "torch._dynamo"))
+try:
+    torch.npu.Scheduling_typo
+    unknown_attr_error = False
+except AttributeError:
+    unknown_attr_error = True
+model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).npu()
+x = torch.randn(4, 16, device="npu")
+t0 = time.perf_counter()
+out = torch.compile(model)(x)
+first_step = time.perf_counter() - t0
+c = torch._dynamo.utils.counters["inductor"]
+print(json.dumps({"lazy": lazy, "unknown_attr_error": unknown_attr_error, "device": str(out.device),
+                  "ok": bool(torch.allclose(out, model(x))), "hit": c["fxgraph_cache_hit"],
+                  "miss": c["fxgraph_cache_miss"], "first_step": first_step}))
+"""
+
+
+def _run_child(cache_dir) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=500,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_lazy_registration_and_fx_graph_cache_across_processes(tmp_path):
+    cold = _run_child(tmp_path)
+    assert cold["lazy"], "import npudist must not import torch._inductor / torch._dynamo"
+    assert cold["unknown_attr_error"], "torch.npu.<unknown> must still raise AttributeError"
+    assert cold["device"] == "npu:0" and cold["ok"]
+    assert cold["miss"] >= 1 and cold["hit"] == 0, cold
+    warm = _run_child(tmp_path)  # a new process, same cache directory
+    assert warm["device"] == "npu:0" and warm["ok"]
+    assert warm["hit"] >= 1 and warm["miss"] == 0, warm
