@@ -23,7 +23,8 @@ import time
 import torch
 
 import npudist  # noqa: F401  (registers the npu device)
-from npudist.models import LlamaArgs, TransformerBlock
+from npudist.models.llama import TransformerBlock
+from npudist.plan.schema import ModelConfig
 from npudist.models.llama import compute_rope_cache
 
 
@@ -39,7 +40,7 @@ def _make_step(block, x, cos, sin, compiled: bool):
 
 def _variants(args):
     torch.manual_seed(0)
-    margs = LlamaArgs(dim=args.dim, n_heads=args.heads, max_seq_len=args.seq)
+    margs = ModelConfig(dim=args.dim, n_heads=args.heads, max_seq_len=args.seq)
     base = TransformerBlock(0, margs)
     base.init_weights()
     cos, sin = compute_rope_cache(margs.head_dim, margs.max_seq_len, margs.rope_theta)
@@ -64,10 +65,11 @@ _FIRST_STEP_CHILD = r"""
 import sys, time
 t0 = time.perf_counter()
 import torch, npudist
-from npudist.models import LlamaArgs, TransformerBlock
+from npudist.models.llama import TransformerBlock
+from npudist.plan.schema import ModelConfig
 from npudist.models.llama import compute_rope_cache
 dim, heads, seq, batch = (int(a) for a in sys.argv[1:5])
-a = LlamaArgs(dim=dim, n_heads=heads, max_seq_len=seq)
+a = ModelConfig(dim=dim, n_heads=heads, max_seq_len=seq)
 block = TransformerBlock(0, a).npu()
 cos, sin = (t.npu() for t in compute_rope_cache(a.head_dim, seq, a.rope_theta))
 x = torch.randn(batch, seq, dim, device="npu")

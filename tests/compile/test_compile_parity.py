@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from npudist.models import LlamaArgs, Transformer, TransformerBlock
+from npudist.models.llama import Transformer, TransformerBlock
+from npudist.plan.schema import ModelConfig
 from npudist.models.llama import compute_rope_cache
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("compile")]
@@ -19,7 +20,7 @@ def mlp():
 
 
 def _block_and_inputs():
-    args = LlamaArgs(dim=32, n_heads=4, max_seq_len=16)
+    args = ModelConfig(dim=32, n_heads=4, ffn_hidden_dim=96, max_seq_len=16)
     block = TransformerBlock(0, args)
     block.init_weights()
     cos, sin = compute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -71,7 +72,7 @@ def test_transformer_block_fwd_bwd_matches_eager():
 
 def test_llama_fwd_bwd_matches_eager_no_graph_break():
     torch.manual_seed(0)
-    args = LlamaArgs(dim=32, n_layers=2, n_heads=4, max_seq_len=16)
+    args = ModelConfig(dim=32, n_layers=2, n_heads=4, ffn_hidden_dim=96, max_seq_len=16)
     tokens = torch.randint(0, args.vocab_size, (2, 16), device="npu")
     targets = torch.randint(0, args.vocab_size, (2, 16), device="npu")
 
