@@ -1,11 +1,14 @@
 """``parallelize(model, plan, mesh)``: apply a plan's parallelisms in torchtitan's order.
 
 1. Pipeline split (``npudist.pp``) into this rank's stage modules;
-2. in each stage: tensor parallelism (``npudist.tp``), then activation checkpointing, then FSDP per block
+2. in each stage: tensor parallelism (``npudist.tp``), then activation checkpointing, then graph mode per
+   block (``npudist.compile.apply``, when the plan's ``compile`` section enables it), then FSDP per block
    and the stage root (``npudist.fsdp``).
 
 TP must precede FSDP so that FSDP shards the already tensor-parallel DTensors along the data-parallel mesh
-dim (2-D parameters); AC must precede FSDP so FSDP's hooks surround the recomputed region.
+dim (2-D parameters); AC must precede FSDP so FSDP's hooks surround the recomputed region; compile comes
+after TP and AC (their collectives and recomputation are traced) and before FSDP (its hooks stay outside
+the compiled blocks).
 
 The model is known only through its spec (``npudist.models``, picked by ``plan.model.name``): block names
 for the pipeline split, FSDP units and activation checkpointing, the head for loss parallelism, the
@@ -20,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from npudist.compile.apply import apply_compile, compile_loss
 from npudist.fsdp import apply_activation_checkpointing, apply_fsdp
 from npudist.loss import cross_entropy_loss, loss_context
 from npudist.mesh import get_dp_mesh, get_fsdp_mesh, get_pp_mesh, get_tp_mesh
@@ -118,7 +122,7 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
     device = resolve_device(plan.training.device)
     model = model.to(device)
     _retie(model, layout.tied)
-    loss_fn = loss_fn or cross_entropy_loss
+    loss_fn = compile_loss(loss_fn or cross_entropy_loss, plan.compile)
     tp_mesh = get_tp_mesh(mesh) if mesh is not None else None
     pp_mesh = get_pp_mesh(mesh) if mesh is not None else None
     # FSDP over dp_shard (HSDP with dp_replicate); replicate-only data parallelism uses FSDP2's replicate.
@@ -129,6 +133,7 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
         if tp_mesh is not None:
             apply_tp(part, tp_mesh, par.tp, builtin=_builtin_tp(spec, layout), head=layout.head)
         apply_activation_checkpointing(part, par.activation_checkpoint, list(layout.blocks))
+        apply_compile(part, plan.compile, list(layout.blocks))
         if dp_mesh is not None:
             # Under PP each stage runs several micro-batch forwards per step: keep weights gathered.
             apply_fsdp(part, dp_mesh, par.fsdp, reshard_after_forward=False if pp_mesh is not None else None,

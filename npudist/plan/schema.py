@@ -156,6 +156,18 @@ class ACConfig:
     every_n_layers: int = 2
 
 
+CompileComponent = Literal["model", "loss"]
+
+
+@dataclass
+class CompileConfig:
+    """Graph mode (``torch.compile``), torchtitan's ``[compile]`` section. ``model`` compiles each block of the
+    model spec (after tensor parallelism and activation checkpointing, before FSDP), ``loss`` the loss function."""
+    enable: bool = False
+    components: list[CompileComponent] = field(default_factory=lambda: ["model", "loss"])
+    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"   # aot_eager/eager: debugging aids
+
+
 @dataclass(frozen=True)
 class ParallelDegrees:
     """Concrete mesh sizes (no -1), in mesh order (pp, dp_replicate, dp_shard, tp)."""
@@ -242,12 +254,15 @@ class Plan:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
 
-    SECTIONS = ("model", "data", "optimizer", "schedule", "training", "logging", "parallel", "checkpoint")
+    SECTIONS = ("model", "data", "optimizer", "schedule", "training", "logging", "parallel", "checkpoint",
+                "compile")
 
 
 __all__ = [
     "Plan", "ModelConfig", "DataConfig", "OptimizerConfig", "ScheduleConfig", "TrainingConfig",
-    "LoggingConfig", "CheckpointConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig", "ACConfig", "ParallelDegrees",
+    "LoggingConfig", "CheckpointConfig", "CompileConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig",
+    "ACConfig", "ParallelDegrees",
     "MULTI_STAGE_SCHEDULES", "V_SHAPED_SCHEDULES",
 ]

@@ -285,6 +285,24 @@ def _check_fsdp_ac(c: _Checks, p: Plan, layout) -> None:
         c.fail("parallel.activation_checkpoint.every_n_layers", f"must be >= 1, got {ac.every_n_layers}")
 
 
+def _check_compile(c: _Checks, p: Plan, layout) -> None:
+    cfg = p.compile
+    seen = set()
+    for i, component in enumerate(cfg.components):
+        if component in seen:
+            c.fail(f"compile.components[{i}]", f"{component!r} is listed twice; list each component once")
+        seen.add(component)
+    if not cfg.enable:
+        return
+    if not cfg.components:
+        c.fail("compile.components", "is empty, so compile.enable: true would compile nothing; list model "
+               "and/or loss, or set compile.enable: false", "compile.enable")
+    if "model" in cfg.components and layout is not None and not layout.blocks:
+        c.fail("compile.components", f"model: the {p.model.name} model's spec names no blocks, and graph mode "
+               "compiles a model block by block (FSDP's hooks stay between blocks); register a ModelSpec with "
+               "blocks or compile only the loss", "compile.enable", "model.name")
+
+
 def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | None = None) -> list[str]:
     """All rule violations as ``"key.path: problem"`` lines (the plan is not changed)."""
     c = _Checks(set(skip or ()))
@@ -296,6 +314,7 @@ def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | No
     _check_tp(c, plan, layout, par.tp_degree if par.tp_degree >= 1 else 1)
     _check_pp(c, plan, layout, par.pp_degree if par.pp_degree >= 1 else 1)
     _check_data(c, plan, degrees.dp if degrees else None)
+    _check_compile(c, plan, layout)
     return c.errors
 
 

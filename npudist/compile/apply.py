@@ -1,0 +1,53 @@
+"""Graph mode from a plan's ``compile`` section, the torchtitan way: each block compiled on its own, then the loss.
+
+``apply_compile`` runs inside ``npudist.parallelize`` after tensor parallelism and activation checkpointing and
+before FSDP, on every pipeline stage:
+
+* after TP, so Dynamo traces the block's DTensor ops and their functional collectives (which run on hccl) into
+  the graph -- ``fullgraph=True`` turns any graph break into an error instead of a silent slowdown;
+* after AC, so the recomputation (``torch.utils.checkpoint`` inside the block's forward) is traced as well;
+* before FSDP, and by compiling the block's ``forward`` rather than wrapping the block: FSDP2's all-gather /
+  reduce-scatter hooks and pipelining's stage boundaries stay outside the compiled regions, and parameter
+  names (checkpoints, optimizer state, parity tests) stay those of the eager model (torchtitan's
+  ``torch.compile(block)`` wrapper would add ``_orig_mod.`` to every name).
+
+Blocks are the model spec's ``blocks`` (the repeated transformer layers); every block runs the same code, so the
+blocks share one compiled graph.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def _compile(fn: Callable, compile_cfg) -> Callable:
+    return torch.compile(fn, backend=compile_cfg.backend, fullgraph=True)
+
+
+def apply_compile(model: nn.Module, compile_cfg, blocks: list[str]) -> list[str]:
+    """Compile the forward of each module of ``model`` named in ``blocks`` (the whole model's block names; a
+    pipeline stage compiles the ones it holds) when ``compile_cfg`` (a ``CompileConfig``) enables the ``model``
+    component. Returns the names compiled."""
+    if not compile_cfg.enable or "model" not in compile_cfg.components:
+        return []
+    present = dict(model.named_modules())
+    done = []
+    for name in blocks:
+        block = present.get(name)
+        if block is None:
+            continue
+        if "forward" in vars(block):
+            raise ValueError(f"{name}: its forward is already replaced on the instance (compiled twice?); "
+                             "apply compile once per model")
+        block.forward = _compile(block.forward, compile_cfg)
+        done.append(name)
+    return done
+
+
+def compile_loss(loss_fn: Callable, compile_cfg) -> Callable:
+    """``loss_fn`` compiled when ``compile_cfg`` enables the ``loss`` component, else ``loss_fn`` itself."""
+    if not compile_cfg.enable or "loss" not in compile_cfg.components:
+        return loss_fn
+    return _compile(loss_fn, compile_cfg)
