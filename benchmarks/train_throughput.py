@@ -3,6 +3,7 @@
 
     python benchmarks/train_throughput.py                 # spawns 2 ranks itself (torch.distributed.run)
     python benchmarks/train_throughput.py --dim 384 --layers 4 --seq-len 128 --batch 8   # compute-bound shape
+    python benchmarks/train_throughput.py --compiled      # + graph mode (plan compile section) on both devices
 
 The default shape (wide and short: 27M parameters, 256 tokens per step) makes the collectives a visible part
 of the step, which is what the comparison is about; a compute-bound shape shows ~1.0x by construction.
@@ -13,6 +14,10 @@ four times -- {npu, cpu} x {FSDP over 2 ranks, TP over 2 ranks} -- from the same
 alternating order, so machine noise hits all variants alike. Reported: median tokens/s per variant and the
 npu/cpu ratio per layout (> 1 means hccl on npu is faster). Compute kernels are the same CPU kernels on
 both devices (the npu runs them zero-copy), so the ratio isolates collectives and device overhead.
+
+``--compiled`` adds a compiled twin of every variant (the plan's ``compile`` section: each block and the loss
+through Inductor, fullgraph) and reports npu+hccl compiled against cpu+gloo compiled and cpu+gloo eager.
+Compilation happens in the warm-up steps (not timed).
 """
 from __future__ import annotations
 
@@ -38,14 +43,15 @@ def _args(argv=None):
     ap.add_argument("--batch", type=int, default=4, help="global batch (sequences per step)")
     ap.add_argument("--devices", default="npu:hccl,cpu:gloo",
                     help="the two device:backend pairs to compare (first / second)")
+    ap.add_argument("--compiled", action="store_true", help="also run every variant compiled (graph mode)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
-def _plan(args, device: str, backend: str, layout: str, corpus: str):
-    from npudist.plan import (DataConfig, ModelConfig, OptimizerConfig, ParallelConfig, Plan, ScheduleConfig,
-                              TPConfig, TrainingConfig)
+def _plan(args, device: str, backend: str, layout: str, corpus: str, compiled: bool = False):
+    from npudist.plan import (CompileConfig, DataConfig, ModelConfig, OptimizerConfig, ParallelConfig, Plan,
+                              ScheduleConfig, TPConfig, TrainingConfig)
     dp = 2 if layout == "fsdp" else 1
     return Plan(
         model=ModelConfig(vocab_size=256, dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=4,
@@ -57,11 +63,12 @@ def _plan(args, device: str, backend: str, layout: str, corpus: str):
         training=TrainingConfig(steps=10**6, seed=0, max_grad_norm=1.0, device=device, backend=backend),
         parallel=ParallelConfig(dp_shard_degree=dp, tp_degree=1 if layout == "fsdp" else 2,
                                 tp=TPConfig(sequence_parallel=True)),
+        compile=CompileConfig(enable=compiled),
     )
 
 
 class _Variant:
-    def __init__(self, args, device, backend, layout, corpus):
+    def __init__(self, args, device, backend, layout, corpus, compiled=False):
         import torch
         from npudist.data import TextDataset
         from npudist.mesh import build_mesh, dim_rank, dim_size
@@ -69,8 +76,9 @@ class _Variant:
         from npudist.parallelize import parallelize
         from npudist.train.optim import build_lr_scheduler, build_optimizer
 
-        self.name, self.layout, self.device = f"{device}+{backend}", layout, device
-        self.plan = _plan(args, device, backend, layout, corpus)
+        self.name = f"{device}+{backend}" + (" compiled" if compiled else "")
+        self.layout, self.device = layout, device
+        self.plan = _plan(args, device, backend, layout, corpus, compiled)
         mesh = build_mesh(self.plan.parallel, device_type=device)
         torch.manual_seed(0)
         self.pm = parallelize(build_model(self.plan.model), self.plan, mesh)
@@ -111,7 +119,8 @@ def worker(args) -> None:
         default_corpus_path()
     dist.barrier()
     corpus = default_corpus_path()
-    variants = [_Variant(args, d, b, layout, corpus) for layout in ("fsdp", "tp") for d, b in devs]
+    modes = (False, True) if args.compiled else (False,)
+    variants = [_Variant(args, d, b, layout, corpus, c) for layout in ("fsdp", "tp") for c in modes for d, b in devs]
     for v in variants:
         v.run(args.warmup, record=False)
     for r in range(args.rounds):
@@ -128,16 +137,23 @@ def _report(args, variants) -> None:
     results = {}
     print(f"\nTraining throughput, 2 ranks, model dim {args.dim} x {args.layers} layers, seq {args.seq_len}, "
           f"global batch {args.batch}; {args.rounds} interleaved rounds x {args.steps} steps (median tokens/s)")
-    print(f"{'layout':<8}{'variant':<14}{'tokens/s':>12}{'min':>10}{'max':>10}{'final loss':>12}")
+    print(f"{'layout':<8}{'variant':<23}{'tokens/s':>12}{'min':>10}{'max':>10}{'final loss':>12}")
     for v in variants:
         med = statistics.median(v.rates)
         results.setdefault(v.layout, {})[v.name] = med
-        print(f"{v.layout:<8}{v.name:<14}{med:>12,.0f}{min(v.rates):>10,.0f}{max(v.rates):>10,.0f}"
+        print(f"{v.layout:<8}{v.name:<23}{med:>12,.0f}{min(v.rates):>10,.0f}{max(v.rates):>10,.0f}"
               f"{v.losses[-1]:>12.4f}")
     first, second = [f"{d}+{b}" for d, b in (p.split(":") for p in args.devices.split(","))]
-    ratios = {layout: r[first] / r[second] for layout, r in results.items()}
-    for layout, ratio in ratios.items():
-        print(f"{layout}: {first} / {second} = {ratio:.2f}x")
+    pairs = [(first, second)]
+    if args.compiled:
+        pairs += [(f"{first} compiled", f"{second} compiled"), (f"{first} compiled", second),
+                  (f"{first} compiled", first)]
+    ratios = {}
+    for layout, r in results.items():
+        for a, b in pairs:
+            ratios[f"{layout}: {a} / {b}"] = r[a] / r[b]
+    for name, ratio in ratios.items():
+        print(f"{name} = {ratio:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "tokens_per_s": results, "ratio": ratios}, f, indent=1)

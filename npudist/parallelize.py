@@ -44,6 +44,7 @@ class ParallelModel:
     stage_ids: list[int] = field(default_factory=lambda: [0])
     num_stages: int = 1
     pp_mesh: DeviceMesh | None = None
+    compiled: list[str] = field(default_factory=list)   # blocks (and "loss") compiled per plan.compile
 
     @property
     def pp_group(self):
@@ -122,27 +123,31 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
     device = resolve_device(plan.training.device)
     model = model.to(device)
     _retie(model, layout.tied)
-    loss_fn = compile_loss(loss_fn or cross_entropy_loss, plan.compile)
+    base_loss = loss_fn or cross_entropy_loss
+    loss_fn = compile_loss(base_loss, plan.compile)
     tp_mesh = get_tp_mesh(mesh) if mesh is not None else None
     pp_mesh = get_pp_mesh(mesh) if mesh is not None else None
     # FSDP over dp_shard (HSDP with dp_replicate); replicate-only data parallelism uses FSDP2's replicate.
     dp_mesh = (get_fsdp_mesh(mesh) or get_dp_mesh(mesh)) if mesh is not None else None
     loss_par = tp_mesh is not None and par.tp.loss_parallel
+    compiled: list[str] = []   # filled by parallelize_part, in stage order
 
     def parallelize_part(part: nn.Module) -> nn.Module:
         if tp_mesh is not None:
             apply_tp(part, tp_mesh, par.tp, builtin=_builtin_tp(spec, layout), head=layout.head)
         apply_activation_checkpointing(part, par.activation_checkpoint, list(layout.blocks))
-        apply_compile(part, plan.compile, list(layout.blocks))
+        compiled.extend(apply_compile(part, plan.compile, list(layout.blocks)))
         if dp_mesh is not None:
             # Under PP each stage runs several micro-batch forwards per step: keep weights gathered.
             apply_fsdp(part, dp_mesh, par.fsdp, reshard_after_forward=False if pp_mesh is not None else None,
                        units=list(spec.fsdp_units))
         return part
 
+    loss_tag = ["loss"] if loss_fn is not base_loss else []
     if pp_mesh is None:
-        return ParallelModel(parts=[parallelize_part(model)], device=device, mesh=mesh, loss_fn=loss_fn,
-                             loss_parallel=loss_par)
+        parts = [parallelize_part(model)]
+        return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,
+                             compiled=compiled + loss_tag)
     if n_microbatches is None:
         n_microbatches = par.pp.resolved_microbatches(pp_mesh.size())
     if not spec.supports_pipeline:
@@ -153,4 +158,5 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
                                                 last=list(layout.last), parallelize_stage=parallelize_part)
     return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,
                          schedule=schedule, stage_ids=stage_ids,
-                         num_stages=pp_mesh.size() * par.pp.virtual_stages, pp_mesh=pp_mesh)
+                         num_stages=pp_mesh.size() * par.pp.virtual_stages, pp_mesh=pp_mesh,
+                         compiled=compiled + loss_tag)

@@ -16,6 +16,7 @@ blocks share one compiled graph.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -24,6 +25,29 @@ from torch import nn
 
 def _compile(fn: Callable, compile_cfg) -> Callable:
     return torch.compile(fn, backend=compile_cfg.backend, fullgraph=True)
+
+
+def _settle(value):
+    """A plain tensor for an ``AsyncCollectiveTensor`` (the result of an asynchronous functional collective,
+    e.g. the embedding's all-reduce under TP, handed on by ``to_local()``); anything else unchanged.
+
+    Measured on torch 2.13: when such a tensor enters a compiled region as an input, AOTAutograd returns no
+    gradient for it, so the eager ``to_local`` backward receives None and the redistribution before it fails
+    ("'Tensor' object has no attribute '_local_tensor'"). ``clone`` waits for the collective and keeps the
+    autograd edge (a view op would keep the lazy wrapper); it costs one copy of that activation."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return value.clone() if isinstance(value, AsyncCollectiveTensor) else value
+
+
+def _compile_forward(forward: Callable, compile_cfg) -> Callable:
+    compiled = _compile(forward, compile_cfg)
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        return compiled(*map(_settle, args), **{k: _settle(v) for k, v in kwargs.items()})
+
+    return run
 
 
 def apply_compile(model: nn.Module, compile_cfg, blocks: list[str]) -> list[str]:
@@ -41,7 +65,7 @@ def apply_compile(model: nn.Module, compile_cfg, blocks: list[str]) -> list[str]
         if "forward" in vars(block):
             raise ValueError(f"{name}: its forward is already replaced on the instance (compiled twice?); "
                              "apply compile once per model")
-        block.forward = _compile(block.forward, compile_cfg)
+        block.forward = _compile_forward(block.forward, compile_cfg)
         done.append(name)
     return done
 
@@ -51,3 +75,12 @@ def compile_loss(loss_fn: Callable, compile_cfg) -> Callable:
     if not compile_cfg.enable or "loss" not in compile_cfg.components:
         return loss_fn
     return _compile(loss_fn, compile_cfg)
+
+
+def describe_compiled(compiled: list[str], compile_cfg) -> str:
+    """One log line: what graph mode compiles and how many graphs Dynamo has captured so far in this process."""
+    import torch._dynamo.utils   # imported by torch.compile already when anything was compiled
+
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    return (f"graph mode ({compile_cfg.backend}, fullgraph): {', '.join(compiled)}; {graphs} graph(s) captured "
+            "in this process")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from npudist.compile.apply import describe_compiled
 from npudist.data import TextDataset, default_corpus_path
 from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
 from npudist.models import build_model
@@ -126,6 +127,8 @@ def train(plan, log_stream=None) -> RunResult:
             losses.append(loss)
             rates.append(tokens_per_step / dt)
             logger.log(step, loss, lr, grad_norm, dt)
+            if step == start + 1 and pm.compiled:
+                logger.message(describe_compiled(pm.compiled, plan.compile))
             ckpt.maybe_save(step)
     finally:
         logger.close()
