@@ -117,3 +117,27 @@ def test_max_autotune_no_cudagraphs_matches_eager():
     torch.manual_seed(0)
     x = torch.randn(8, 32, device="npu", requires_grad=True)
     _check_parity(mlp(), lambda: (x,), lambda y: y.square().mean(), mode="max-autotune-no-cudagraphs")
+
+
+def test_npu_attention_traces_to_the_kernel_cpu_chooses():
+    """Compiled npu attention runs the algorithm compiled CPU runs (the fused CPU flash kernel here), not the
+    math decomposition the device stub answers for fake tensors (which made compiled npu 0.67x compiled CPU)."""
+    from torch._inductor.utils import run_and_get_code
+    from torch.nn.attention import SDPBackend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    cpu_choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True)
+    assert cpu_choice == int(SDPBackend.FLASH_ATTENTION)  # what CPU picks for this layout on this build
+    qn, kn, vn = (t.detach().npu().requires_grad_() for t in (q, k, v))
+
+    def attn(a, b, c):
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True).square().sum()
+
+    torch._dynamo.reset()
+    out, sources = run_and_get_code(lambda: torch.compile(attn)(qn, kn, vn).backward())
+    assert any("_scaled_dot_product_flash_attention_for_cpu.default" in s for s in sources)
+    assert any("_scaled_dot_product_flash_attention_for_cpu_backward" in s for s in sources)
+    attn(q, k, v).backward()
+    for got, want in ((qn, q), (kn, k), (vn, v)):
+        _assert_close(got.grad, want.grad)
