@@ -25,6 +25,9 @@ def register() -> None:
     import npudist.device  # noqa: F401  (the npu device; must come first: hccl hands it the runtime)
     import npudist.hccl  # noqa: F401
     import npudist.ops  # noqa: F401  (fused operators, torch.ops.npu.*)
+    from npudist.compile import attention
+
+    attention.register()   # npu attention under torch.compile (see there); needs no Dynamo/Inductor import
 
 
 def _autoload() -> None:

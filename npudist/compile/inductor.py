@@ -11,13 +11,12 @@ What is npu-specific:
   on npu tensors, so they dispatch through the npu device like eager code;
 - C++ kernel calls are written as for CPU (no stream argument: the npu emulation runs host compute on the
   calling thread);
-- :func:`_schedule_npu_like_cpu` (the one scheduler patch, see there);
-- :func:`_trace_npu_attention_like_cpu`: under tracing, npu attention takes the kernel CPU attention takes.
+- :func:`_schedule_npu_like_cpu` (the one scheduler patch, see there).
+
+Attention under tracing is set up earlier, at device registration (:mod:`npudist.compile.attention`).
 """
 import functools
 from textwrap import dedent
-
-import torch
 
 from torch._inductor import config
 from torch._inductor.codegen.common import (
@@ -129,54 +128,6 @@ def _schedule_npu_like_cpu() -> None:
     BaseSchedulerNode.is_cpu = is_cpu
 
 
-def _cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) -> int:
-    """The SDPA backend CPU picks for tensors shaped like these fake npu tensors (an ``SDPBackend`` value).
-
-    The CPU chooser reads only metadata (shapes, strides, dtype, requires_grad), but it is reachable only
-    through the dispatcher's CPU kernel, so it is asked with real, uninitialised CPU tensors of the same layout
-    (allocated untouched, outside every tracing mode)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    if any(isinstance(d, torch.SymInt) for t in (query, key, value) for d in (*t.shape, *t.stride())):
-        return int(torch.nn.attention.SDPBackend.MATH)   # dynamic shapes: keep the decomposition
-    with _disable_current_modes(), torch._C._DisableTorchDispatch():
-        like = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad)
-                for t in (query, key, value)]
-        return int(torch._fused_sdp_choice(*like, None, dropout_p, is_causal, scale=scale))
-
-
-def _trace_npu_attention_like_cpu() -> None:
-    """Trace ``scaled_dot_product_attention`` on npu to the kernel CPU uses (the fused CPU flash kernel).
-
-    Eager npu attention already runs CPU's choice (device_core's ``_fused_sdp_choice`` stub asks the CPU
-    chooser on CPU aliases of the npu data). Under tracing the tensors are fake, there is no data to alias,
-    and that stub answers the math decomposition; compiled CPU meanwhile gets the flash kernel (its chooser
-    reads only metadata), so compiled npu attention ran a slower algorithm than compiled CPU. The composite
-    SDPA kernel calls the chooser directly (a DispatchStub, not an operator), so no device registration can
-    answer it; the hook Inductor itself uses for such cases is a Python ``CompositeImplicitAutograd`` kernel,
-    which is consulted only while tracing (Python dispatcher). It handles npu queries without a mask or
-    GQA and defers everything else, every other device included, to the C++ composite kernel unchanged.
-    """
-    from torch._C import DispatchKey
-
-    sdpa = torch.ops.aten.scaled_dot_product_attention.default
-    if DispatchKey.CompositeImplicitAutograd in sdpa.py_kernels:
-        return
-    composite = DispatchKey.CompositeImplicitAutograd
-    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
-
-    def sdpa_while_tracing(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                           enable_gqa=False):
-        if (query.device.type == BACKEND and attn_mask is None and not enable_gqa
-                and _cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) == flash):
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
-                query, key, value, dropout_p, is_causal, scale=scale)[0]
-        return sdpa._op_dk(composite, query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                           enable_gqa=enable_gqa)
-
-    sdpa.py_impl(composite)(sdpa_while_tracing)
-
-
 @functools.cache
 def register() -> None:
     """Register npu with Inductor (scheduling, wrappers, device op overrides) and Dynamo; idempotent."""
@@ -185,4 +136,3 @@ def register() -> None:
     register_device_op_overrides(BACKEND, NpuDeviceOpOverrides())
     dynamo.register()
     _schedule_npu_like_cpu()
-    _trace_npu_attention_like_cpu()
