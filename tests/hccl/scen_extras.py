@@ -1,7 +1,7 @@
 """Scenarios: the ops Gloo offers beyond the core collectives (issue 15) on cpu and npu tensors:
 all_gather_coalesced (list of lists), recv from any source (+ source rank), sparse COO all_reduce,
-monitored barrier (success, a late rank named, wait_all_ranks naming every missing rank), and the
-barrier timeout message."""
+monitored barrier (success, a late rank named, wait_all_ranks naming every missing rank), the
+barrier timeout message, and torch_npu's uneven all_gather / reduce_scatter."""
 from __future__ import annotations
 
 import time
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import npudist.hccl
-from common import RANK, WS, close, expect_error, init, make, scenario
+from common import RANK, WS, close, expect_error, init, make, reference, scenario
 
 
 def check_all_gather_coalesced(device: str) -> None:
@@ -111,6 +111,37 @@ def check_monitored_barrier() -> None:
     expect_error(lambda: npudist.hccl.monitored_barrier(group=world, timeout=-1), ValueError, "timeout")
 
 
+def check_uneven(device: str) -> None:
+    from torch_npu.distributed import all_gather_into_tensor_uneven, reduce_scatter_tensor_uneven
+
+    splits = [r + 1 for r in range(WS)]  # rank r owns r + 1 rows
+    rows = [torch.full((r + 1, 2), float(r)) + torch.arange(2.0) for r in range(WS)]
+    out = torch.empty(sum(splits), 2, device=device)
+    all_gather_into_tensor_uneven(out, rows[RANK].to(device), output_split_sizes=splits)
+    close(out, torch.cat(rows), f"all_gather_into_tensor_uneven on {device}")
+    out.zero_()
+    all_gather_into_tensor_uneven(out, rows[RANK].to(device), output_split_sizes=splits, async_op=True).wait()
+    close(out, torch.cat(rows), f"all_gather_into_tensor_uneven async on {device}")
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        ins = [make(r, sum(splits) * 3, dtype, salt=9, small=True).reshape(sum(splits), 3) for r in range(WS)]
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG):
+            want = reference([x.reshape(-1) for x in ins], op).reshape(sum(splits), 3)
+            want = want[sum(splits[:RANK]): sum(splits[: RANK + 1])]
+            for async_op in (False, True):
+                o = torch.zeros(splits[RANK], 3, dtype=dtype, device=device)
+                w = reduce_scatter_tensor_uneven(o, ins[RANK].to(device), input_split_sizes=splits, op=op,
+                                                 async_op=async_op)
+                if async_op:
+                    w.wait()
+                close(o, want, f"reduce_scatter_tensor_uneven {dtype} {op} async={async_op} on {device}")
+    expect_error(lambda: all_gather_into_tensor_uneven(out, rows[RANK].to(device), output_split_sizes=[1] * (WS + 1)),
+                 ValueError, "Number of tensor splits not equal to group size")
+    expect_error(lambda: reduce_scatter_tensor_uneven(torch.zeros(1, 3, device=device),
+                                                      torch.zeros(WS + 1, 3, device=device),
+                                                      input_split_sizes=[1] * WS),
+                 ValueError, "Split sizes doesn't match total dim 0 size")
+
+
 def check_barrier_timeout_message() -> None:
     g = dist.new_group(timeout=timedelta(seconds=1))
     if RANK == 0:
@@ -128,6 +159,7 @@ def extras():
             torch.npu.set_device(RANK % torch.npu.device_count())
         check_all_gather_coalesced(device)
         check_recv_any_source(device)
+        check_uneven(device)
     check_sparse_all_reduce()
     check_monitored_barrier()
     check_barrier_timeout_message()
