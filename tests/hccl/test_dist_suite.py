@@ -1,9 +1,10 @@
-"""PyTorch's own DistributedTest suite (from the installed wheel) on the hccl backend, world size 2.
+"""PyTorch's own DistributedTest suite (from the installed wheel) on the hccl backend.
 
+World size 2 always; NPUDIST_DIST_SUITE_WORLD_SIZES=2,4 adds world size 4 (about 3.5 min more CPU).
 The suite runs with Gloo's skip rules (dist_suite/runner.py), in SHARDS shards so pytest-xdist can
 spread it. A shard fails when a test off dist_suite/expected_failures.txt fails, when a listed test
-passes or is skipped (the list is stale), or when a test Gloo passes (dist_suite/gloo_passes.txt) is
-skipped on hccl. Counts are in docs/hccl.md.
+passes or is skipped (the list is stale), or when a test Gloo passes (dist_suite/gloo_passes_ws<N>.txt)
+is skipped on hccl. Counts are in docs/hccl.md.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ RUNNER = os.path.join(HERE, "dist_suite", "runner.py")
 SHARDS = 4
 PER_TEST_TIMEOUT = 60  # s, the suite's own join timeout for each test's ranks
 SHARD_TIMEOUT = 540
+WORLD_SIZES = [int(w) for w in os.environ.get("NPUDIST_DIST_SUITE_WORLD_SIZES", "2").split(",") if w.strip()]
 
 
 def suite_test_names() -> set[str]:
@@ -40,22 +42,24 @@ def suite_test_names() -> set[str]:
     return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
 
 
-def test_lists_are_consistent():
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_lists_are_consistent(world_size):
     xfail = read_expected_failures()
-    gloo = read_gloo_passes()
-    assert gloo, "gloo_passes.txt is empty"
+    gloo = read_gloo_passes(world_size)
+    assert gloo, f"gloo_passes_ws{world_size}.txt is empty"
     not_gloo = sorted(set(xfail) - gloo)
-    assert not not_gloo, f"expected_failures.txt lists tests Gloo does not pass: {not_gloo}"
+    assert not not_gloo, f"expected_failures.txt lists tests Gloo does not pass at world size {world_size}: {not_gloo}"
     unknown = sorted(gloo - suite_test_names())
-    assert not unknown, f"gloo_passes.txt names tests the installed DistributedTest lacks: {unknown}"
+    assert not unknown, f"gloo_passes_ws{world_size}.txt names tests the installed DistributedTest lacks: {unknown}"
 
 
 @pytest.mark.timeout(SHARD_TIMEOUT + 60)
-@pytest.mark.parametrize("shard", [pytest.param(i, marks=pytest.mark.xdist_group(f"dist_suite_{i % 2}"))
-                                   for i in range(SHARDS)])
-def test_distributed_suite_shard(shard):
+@pytest.mark.parametrize("world_size,shard", [
+    pytest.param(ws, i, marks=pytest.mark.xdist_group(f"dist_suite_{i % 2}"), id=f"ws{ws}-{i}")
+    for ws in WORLD_SIZES for i in range(SHARDS)])
+def test_distributed_suite_shard(world_size, shard):
     xfail = read_expected_failures()
-    gloo = read_gloo_passes()
+    gloo = read_gloo_passes(world_size)
     job_id = "s" + uuid.uuid4().hex[:12]
     env = dict(os.environ)
     env.update({
@@ -67,7 +71,7 @@ def test_distributed_suite_shard(shard):
     with tempfile.TemporaryDirectory(prefix="dist_suite_") as tmp:
         out = os.path.join(tmp, "results.jsonl")
         env["TEMP_DIR"] = tmp
-        cmd = [sys.executable, RUNNER, "--backend", "hccl", "--world-size", "2", "--shard", f"{shard}/{SHARDS}",
+        cmd = [sys.executable, RUNNER, "--backend", "hccl", "--world-size", str(world_size), "--shard", f"{shard}/{SHARDS}",
                "--out", out]
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -81,7 +85,23 @@ def test_distributed_suite_shard(shard):
     assert names, f"the runner selected no tests (exit {proc.returncode})\n{stderr[-4000:]}"
     problems = compare(results, names, gloo, xfail)
     counts = {k: sum(r["outcome"] == k for r in results.values()) for k in ("passed", "failed", "skipped")}
-    print(f"shard {shard}/{SHARDS}: {len(names)} tests, {counts}")
+    print(f"world size {world_size}, shard {shard}/{SHARDS}: {len(names)} tests, {counts}")
     assert proc.returncode == 0, f"runner exited with {proc.returncode}\n{stderr[-4000:]}"
     assert not problems, "\n\n".join(problems)
     assert not shm_segments(job_id), f"shared memory left behind: {sorted(shm_segments(job_id))}"
+
+
+def test_compare_reports_each_kind_of_mismatch():
+    gloo = {"test_a", "test_b", "test_c", "test_d"}
+    xfail = {"test_b": "reason", "test_c": "reason"}
+    results = {
+        "test_a": {"outcome": "failed", "detail": "boom"},      # unexpected failure
+        "test_b": {"outcome": "passed", "detail": ""},          # listed but passes: stale
+        "test_c": {"outcome": "failed", "detail": "expected"},  # listed and fails: fine
+        "test_d": {"outcome": "skipped", "detail": "why"},      # Gloo passes it, hccl skipped it
+        "test_e": {"outcome": "skipped", "detail": "cuda"},     # Gloo skips it too: fine
+    }
+    problems = compare(results, ["test_a", "test_b", "test_c", "test_d", "test_e", "test_f"], gloo, xfail)
+    assert [p.split(":")[0] for p in problems] == ["test_a", "test_b", "test_d", "test_f"], problems
+    assert "remove it from the list" in problems[1] and "no result" in problems[3]
+    assert compare({"test_c": results["test_c"]}, ["test_c"], gloo, xfail) == []

@@ -1,9 +1,9 @@
 """The checked-in lists of the DistributedTest driver and the comparison of a run against them.
 
-gloo_passes.txt: the tests Gloo passes at world size 2 (its own skip rules).
-expected_failures.txt: the tests Gloo passes and hccl does not, each with its reason.
+gloo_passes_ws<N>.txt: the tests Gloo passes at world size N (its own skip rules).
+expected_failures.txt: the tests Gloo passes and hccl does not, each with its reason (any world size).
 
-    python suite_lists.py --write-gloo-passes results.jsonl   # refresh gloo_passes.txt from a gloo run
+    python suite_lists.py --write-gloo-passes results.jsonl --world-size 2   # refresh from a gloo run
 """
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GLOO_PASSES = os.path.join(HERE, "gloo_passes.txt")
 EXPECTED_FAILURES = os.path.join(HERE, "expected_failures.txt")
 
 
-def read_gloo_passes(path: str = GLOO_PASSES) -> set[str]:
-    with open(path) as f:
+def gloo_passes_path(world_size: int) -> str:
+    return os.path.join(HERE, f"gloo_passes_ws{world_size}.txt")
+
+
+def read_gloo_passes(world_size: int) -> set[str]:
+    with open(gloo_passes_path(world_size)) as f:
         return {ln.strip() for ln in f if ln.strip() and not ln.startswith("#")}
 
 
@@ -73,16 +76,18 @@ def compare(results: dict[str, dict], expected_names: list[str], gloo_passes: se
 
 
 def main() -> int:
-    if len(sys.argv) != 3 or sys.argv[1] != "--write-gloo-passes":
+    args = sys.argv[1:]
+    if len(args) != 4 or args[0] != "--write-gloo-passes" or args[2] != "--world-size":
         print(__doc__, file=sys.stderr)
         return 2
-    passed = sorted(t for t, r in read_results(sys.argv[2])[1].items() if r["outcome"] == "passed")
-    with open(GLOO_PASSES) as f:
+    path = gloo_passes_path(int(args[3]))
+    passed = sorted(t for t, r in read_results(args[1])[1].items() if r["outcome"] == "passed")
+    with open(path) as f:
         header = [ln for ln in f if ln.startswith("#")]
-    with open(GLOO_PASSES, "w") as f:
+    with open(path, "w") as f:
         f.writelines(header)
         f.write("\n".join(passed) + "\n")
-    print(f"{len(passed)} tests written to {GLOO_PASSES}")
+    print(f"{len(passed)} tests written to {path}")
     return 0
 
 
