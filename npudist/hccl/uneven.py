@@ -27,26 +27,30 @@ def _splits(sizes, total: int, group, what: str, tensor_name: str) -> list[int]:
     return sizes
 
 
-def _check_pair(output: torch.Tensor, input: torch.Tensor, what: str) -> None:
+def _checked_splits(what: str, output: torch.Tensor, input: torch.Tensor, sizes, group, gather: bool) -> list[int]:
+    """The dim-0 splits of the concatenated tensor (gather: output; scatter: input), checked against
+    both tensors; this rank's split must be its own tensor's dim 0."""
     if output.dtype != input.dtype or output.device != input.device:
         raise ValueError(f"{what}: output ({output.dtype} on {output.device}) and input ({input.dtype} on "
                          f"{input.device}) need one dtype and device")
     if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
         raise ValueError(f"{what}: output {tuple(output.shape)} and input {tuple(input.shape)} must agree beyond "
                          "dim 0 (and have a dim 0)")
+    whole, own, whole_name, own_name = (output, input, "output", "input") if gather else \
+        (input, output, "input", "output")
+    splits = _splits(sizes, whole.shape[0], group, what, whole_name)
+    me = dist.get_rank(group)
+    if splits[me] != own.shape[0]:
+        raise ValueError(f"{what}: {whole_name}_split_sizes[{me}] = {splits[me]} but this rank's {own_name} has "
+                         f"{own.shape[0]} rows")
+    return splits
 
 
 def all_gather_into_tensor_uneven(output: torch.Tensor, input: torch.Tensor, output_split_sizes=None,
                                   group=None, async_op: bool = False):
     """Rank r's ``input`` (``output_split_sizes[r]`` rows) lands in ``output`` at row
     ``sum(output_split_sizes[:r])``."""
-    what = "all_gather_into_tensor_uneven"
-    _check_pair(output, input, what)
-    splits = _splits(output_split_sizes, output.shape[0], group, what, "output")
-    me = dist.get_rank(group)
-    if splits[me] != input.shape[0]:
-        raise ValueError(f"{what}: output_split_sizes[{me}] = {splits[me]} but this rank's input has "
-                         f"{input.shape[0]} rows")
+    splits = _checked_splits("all_gather_into_tensor_uneven", output, input, output_split_sizes, group, gather=True)
     ws = len(splits)
     # Every rank sends its whole input to every rank (all_to_all_single writes straight into output).
     send = input.unsqueeze(0).expand(ws, *input.shape).reshape(ws * input.shape[0], *input.shape[1:])
@@ -59,12 +63,7 @@ def reduce_scatter_tensor_uneven(output: torch.Tensor, input: torch.Tensor, inpu
     """``output`` on rank r = the reduction over ranks of their ``input`` rows
     ``[sum(input_split_sizes[:r]), +input_split_sizes[r])``."""
     what = "reduce_scatter_tensor_uneven"
-    _check_pair(output, input, what)
-    splits = _splits(input_split_sizes, input.shape[0], group, what, "input")
-    me = dist.get_rank(group)
-    if splits[me] != output.shape[0]:
-        raise ValueError(f"{what}: input_split_sizes[{me}] = {splits[me]} but this rank's output has "
-                         f"{output.shape[0]} rows")
+    splits = _checked_splits(what, output, input, input_split_sizes, group, gather=False)
     if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
         raise ValueError(f"{what}: op must be SUM, AVG, MAX, MIN or PRODUCT, got {op}")
     ws = len(splits)
