@@ -64,6 +64,16 @@ def check_recv_any_source(device: str) -> None:
     dist.barrier()
 
 
+def check_recv_any_source_times_out() -> None:
+    g = dist.new_group(timeout=timedelta(seconds=2))
+    if RANK == 0:
+        msg, took = expect_error(lambda: dist.recv(torch.zeros(1), group=g, tag=3), dist.DistBackendError,
+                                 "no rank sent a message with tag 3")
+        assert took < 8, took
+    dist.barrier()
+    dist.destroy_process_group(g)
+
+
 def check_sparse_all_reduce() -> None:
     g = torch.Generator().manual_seed(11)
     per_rank = []
@@ -160,6 +170,7 @@ def extras():
         check_all_gather_coalesced(device)
         check_recv_any_source(device)
         check_uneven(device)
+    check_recv_any_source_times_out()
     check_sparse_all_reduce()
     check_monitored_barrier()
     check_barrier_timeout_message()
