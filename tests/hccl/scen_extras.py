@@ -161,6 +161,22 @@ def check_barrier_timeout_message() -> None:
     dist.barrier()
 
 
+def check_barrier_with_timeout_argument() -> None:
+    # Every rank arrives, one late but within the call's timeout (shorter than the group's 60 s).
+    if RANK == 1:
+        time.sleep(0.3)
+    dist.barrier(timeout=timedelta(seconds=10))
+    dist.barrier(async_op=True, timeout=timedelta(seconds=10)).wait()
+    # Odd ranks never arrive: the others raise after the call's 1 s, naming them.
+    g = dist.new_group()
+    if RANK % 2 == 0:
+        missing = ", ".join(str(r) for r in range(WS) if r % 2)
+        msg, took = expect_error(lambda: dist.barrier(g, timeout=timedelta(seconds=1)), dist.DistBackendError,
+                                 "timeout of 1000 ms", f"ranks [{missing}] did not arrive")
+        assert took < 6, took
+    dist.barrier()
+
+
 @scenario
 def extras():
     init()
@@ -174,4 +190,5 @@ def extras():
     check_sparse_all_reduce()
     check_monitored_barrier()
     check_barrier_timeout_message()
+    check_barrier_with_timeout_argument()
     dist.destroy_process_group()

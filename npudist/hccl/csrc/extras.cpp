@@ -163,6 +163,35 @@ int WorkHCCL::sourceRank() const {
 }
 
 // ------------------------------------------------------------------------------------------------
+// barrier(timeout=...)
+
+namespace ops {
+
+void store_barrier(c10d::Store& store, int rank, int size, uint64_t seq, std::chrono::milliseconds timeout,
+                   const std::string& what) {
+  const std::string prefix = c10::str("hccl_barrier/", seq, "/");
+  store.set(prefix + std::to_string(rank), std::vector<uint8_t>{1});
+  std::vector<std::string> others;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) others.push_back(prefix + std::to_string(r));
+  }
+  try {
+    store.wait(others, timeout);
+    return;
+  } catch (const std::exception&) {
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank && !store.check({prefix + std::to_string(r)})) missing.push_back(r);
+  }
+  if (missing.empty()) return;  // the last rank arrived just as the wait expired
+  C10_THROW_ERROR(DistBackendError, c10::str("hccl: ", what, " timed out after its timeout of ", timeout.count(),
+                                             " ms: ranks [", join_ranks(missing), "] did not arrive"));
+}
+
+}  // namespace ops
+
+// ------------------------------------------------------------------------------------------------
 // monitoredBarrier: ranks > 0 report to rank 0 through the store and wait for its release; rank 0
 // waits for each within the timeout and names the ranks that did not arrive.
 
