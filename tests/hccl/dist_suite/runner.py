@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import unittest
 
@@ -39,7 +38,6 @@ BODY_AS_GLOO = {
 def import_suite(backend: str, world_size: int):
     os.environ["BACKEND"] = "gloo"
     os.environ["WORLD_SIZE"] = str(world_size)
-    os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="npudist_suite_"))
     os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
     import torch.multiprocessing
 
