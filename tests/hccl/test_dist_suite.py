@@ -71,7 +71,8 @@ def test_distributed_suite_shard(world_size, shard):
     })
     with tempfile.TemporaryDirectory(prefix="dist_suite_") as tmp:
         out = os.path.join(tmp, "results.jsonl")
-        env["TEMP_DIR"] = tmp
+        # The suite leaves a rendezvous file per test in the temp dir: keep them in ours, removed below.
+        env["TEMP_DIR"] = env["TMPDIR"] = tmp
         cmd = [sys.executable, RUNNER, "--backend", "hccl", "--world-size", str(world_size), "--shard", f"{shard}/{SHARDS}",
                "--out", out]
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
