@@ -60,7 +60,7 @@ ext_modules, cmdclass = _extensions()
 setup(
     packages=["npudist", "torch_npu"] + ["npudist." + p for p in (
         "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
-        "torch_npu.contrib"],
+        "torch_npu.contrib", "torch_npu.distributed"],
     package_dir={"npudist.launch": "launch"},
     package_data={"npudist": ["include/npudist/*.h"]},  # <npudist/extension.h> for user C++ extensions
     ext_modules=ext_modules,

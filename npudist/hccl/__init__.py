@@ -27,7 +27,8 @@ from torch.distributed.distributed_c10d import default_pg_timeout as _default_pg
 from . import _C
 from ._C import ProcessGroupHCCL
 
-__all__ = ["ProcessGroupHCCL", "is_available", "dump_flight_recorder", "dump_flight_recorder_to_file"]
+__all__ = ["ProcessGroupHCCL", "is_available", "monitored_barrier", "dump_flight_recorder",
+           "dump_flight_recorder_to_file"]
 
 Options = ProcessGroupHCCL.Options
 
@@ -80,6 +81,21 @@ def _hand_over_runtime() -> None:
     if api is not None:
         _C._set_runtime_api(int(api()))
         _runtime_handed_over = True
+
+
+def monitored_barrier(group=None, timeout: _dt.timedelta | None = None, wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier`` for hccl groups (torch's function accepts only gloo).
+
+    Rank 0 waits up to ``timeout`` (default: the group's timeout) for every other rank and raises
+    ``DistBackendError`` naming the first rank that did not arrive, or all of them with
+    ``wait_all_ranks=True``; the other ranks raise if rank 0 does not release them in time.
+    """
+    if timeout is not None and (not isinstance(timeout, _dt.timedelta) or timeout <= _dt.timedelta(0)):
+        raise ValueError(f"monitored_barrier: timeout must be a positive datetime.timedelta or None, got {timeout!r}")
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None:
+        raise ValueError("monitored_barrier: no default process group; call init_process_group first")
+    pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def dump_flight_recorder(reason: str = "on demand") -> str:

@@ -23,3 +23,9 @@ def test_p2p_coalesced_objects_functional_async_cpu(world_size):
 @pytest.mark.parametrize("device", ["cpu", "npu"])
 def test_async_wait_out_of_order(device):
     run_ranks("async_wait_out_of_order", 2, args=(device,), timeout=90)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gloo_extras_cpu_npu(world_size):
+    # all_gather_coalesced, recv from any source, sparse all_reduce, monitored barrier (scen_extras.py)
+    run_ranks("extras", world_size, timeout=150)

@@ -74,6 +74,7 @@ using namespace ops;
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   check_one(tensors, "all_reduce");
+  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse_coo(tensors[0], opts);
   at::Tensor t = tensors[0];
   check_tensor(t, "all_reduce", "tensor");
   check_reduce(opts.reduceOp, t.scalar_type(), "all_reduce");
@@ -208,29 +209,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "hccl allgather_coalesced: ", outputs.size(),
-                    " output lists for ", inputs.size(), " inputs");
+  // torch.distributed.all_gather_coalesced: outputs[r][i] receives rank r's inputs[i] (Gloo's layout).
+  TORCH_CHECK_VALUE(!inputs.empty(), "hccl all_gather_coalesced: input_tensor_list is empty");
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_, "hccl all_gather_coalesced: ",
+                    outputs.size(), " output lists; it needs one list per rank (", size_, ")");
+  for (const auto& in : inputs) {
+    check_tensor(in, "all_gather_coalesced", "input");
+    check_same_device(in, inputs[0], "all_gather_coalesced");
+    TORCH_CHECK_VALUE(in.scalar_type() == inputs[0].scalar_type(),
+                      "hccl all_gather_coalesced: all inputs need one dtype, got ", in.scalar_type(),
+                      " and ", inputs[0].scalar_type());
+  }
   std::vector<at::Tensor> flat_outs;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], "allgather_coalesced", "input");
-    TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == size_,
-                      "hccl allgather_coalesced: each output list needs one tensor per rank");
-    for (const auto& o : outputs[i]) {
+  for (int r = 0; r < size_; ++r) {
+    TORCH_CHECK_VALUE(outputs[r].size() == inputs.size(), "hccl all_gather_coalesced: output list ", r,
+                      " has ", outputs[r].size(), " tensors; it needs one per input (", inputs.size(), ")");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const at::Tensor& o = outputs[r][i];
+      check_tensor(o, "all_gather_coalesced", "output");
+      check_same_device(o, inputs[0], "all_gather_coalesced");
       TORCH_CHECK_VALUE(o.numel() == inputs[i].numel() && o.scalar_type() == inputs[i].scalar_type(),
-                        "hccl allgather_coalesced: output tensors must match their input");
+                        "hccl all_gather_coalesced: output_tensor_lists[", r, "][", i, "] must match input ",
+                        i, " (", inputs[i].numel(), " elements of ", inputs[i].scalar_type(), "), got ",
+                        o.numel(), " of ", o.scalar_type());
       flat_outs.push_back(o);
     }
   }
   HCCL_SPEC(s, c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", inputs, flat_outs,
             opts.asyncOp);
+  s.dtype = c10::toString(inputs[0].scalar_type());
   auto ins = inputs;
-  auto outs = outputs;
-  s.body = [this, ins, outs](uint64_t seq) mutable {
-    for (size_t i = 0; i < ins.size(); ++i) {
-      at::Tensor flat = at::empty({ins[i].numel() * size_}, ins[i].options());
-      do_all_gather(contiguous_of(ins[i]), flat, seq, "allgather_coalesced");
-      unflatten_into(flat, outs[i]);
-    }
+  s.body = [this, ins, flat_outs](uint64_t seq) mutable {
+    // One all_gather of the concatenated inputs: rank r's block holds its inputs in order.
+    at::Tensor mine = flatten(ins);
+    at::Tensor all = at::empty({mine.numel() * size_}, mine.options());
+    do_all_gather(mine, all, seq, "allgather_coalesced");
+    unflatten_into(all, flat_outs);
   };
   return launch(std::move(s));
 }

@@ -197,6 +197,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOptions& opts) {
   HCCL_SPEC(s, c10d::OpType::BARRIER, "barrier", {}, {}, opts.asyncOp);
   s.body = [this](uint64_t seq) { do_barrier(seq); };
+  if (opts.timeout != c10d::kUnsetTimeout) {
+    // dist.barrier(timeout=...): the engine keeps the group's deadline, so this one goes through the store.
+    const auto timeout = opts.timeout;
+    s.body = [this, timeout](uint64_t seq) {
+      store_barrier(*store_, rank_, size_, seq, timeout,
+                    c10::str("barrier (seq ", seq, ") on group '", options_->group_name, "' (rank ", rank_, " of ",
+                             size_, ")"));
+    };
+  }
   return launch(std::move(s));
 }
 

@@ -199,7 +199,7 @@ std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, co
     const auto& ee = static_cast<const EngineError&>(e);
     switch (ee.kind) {
       case ErrorKind::kTimeout:
-        kind = c10::str("timed out after ", timeout_.count(), " ms");
+        kind = c10::str("timed out (group timeout of ", timeout_.count(), " ms)");
         error_type_ = static_cast<int>(c10d::ErrorType::TIMEOUT);
         break;
       case ErrorKind::kPeerDied: kind = "failed: a peer process died"; break;

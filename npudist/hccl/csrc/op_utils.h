@@ -3,6 +3,8 @@
 #pragma once
 #include <c10/util/Exception.h>
 
+#include <chrono>
+#include <string>
 #include <vector>
 
 #include "process_group_hccl.h"
@@ -94,6 +96,11 @@ inline void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outs
   var.outputs = outs;                                        \
   var.async = is_async;                                      \
   var.shapes = describe_shapes(var.inputs, var.outputs)
+
+// barrier(timeout=...) through the group's store (extras.cpp): every rank posts its arrival for `seq` and
+// waits for the others up to `timeout`; on expiry raises DistBackendError naming the ranks missing.
+void store_barrier(c10d::Store& store, int rank, int size, uint64_t seq, std::chrono::milliseconds timeout,
+                   const std::string& what);
 
 inline void check_one(const std::vector<at::Tensor>& ts, const char* op) {
   TORCH_CHECK_VALUE(ts.size() == 1, "hccl ", op, ": expected one tensor per process, got ", ts.size(),

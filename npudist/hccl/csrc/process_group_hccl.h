@@ -52,6 +52,7 @@ struct OpSpec {
   bool is_send = false;
   int peer = -1;
   std::function<void(uint64_t seq)> body;  // runs the op (throws on failure)
+  std::shared_ptr<std::atomic<int>> source;  // any-source recv: the sender's group rank, once known
 };
 
 class ProcessGroupHCCL : public c10d::Backend {
@@ -113,6 +114,9 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // extras.cpp: composed from the ops above.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,
@@ -164,6 +168,10 @@ class ProcessGroupHCCL : public c10d::Backend {
   void do_barrier(uint64_t seq);
   void do_send(const at::Tensor& t, int peer, int tag);
   void do_recv(at::Tensor& t, int peer, int tag);
+  // extras.cpp
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(const at::Tensor& t, const c10d::AllreduceOptions& opts);
+  int recv_any(at::Tensor& t, int tag);  // returns the sender's group rank
+  std::atomic<uint64_t> monitored_seq_{0};
   // Inter-node helpers (hierarchical.cpp).
   void hier_all_reduce(at::Tensor& t, const c10d::ReduceOp& op, uint64_t seq, const char* name);
   void hier_broadcast(at::Tensor& t, int root, uint64_t seq, const char* name);
@@ -234,6 +242,7 @@ class WorkHCCL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return future_; }
   std::vector<at::Tensor> result() override { return spec_.outputs; }
   uint64_t getSequencenumber() const override { return seq_; }
+  int sourceRank() const override;  // extras.cpp
   float getDuration() const override;
 
   // Blocks until completed without raising (used by the npu stream fence).

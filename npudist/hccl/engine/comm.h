@@ -40,6 +40,7 @@ class ShmCommunicator final : public Communicator {
   void barrier(const OpInfo& info) override;
   void send(const void* buf, size_t bytes, int peer, int tag) override;
   void recv(void* buf, size_t bytes, int peer, int tag) override;
+  bool peek(int peer, int64_t* tag, uint64_t* bytes) override;  // probe.cpp
   void abort(const std::string& reason) override;
   uint64_t zero_copy_ops() const override { return zc_ops_; }
 

@@ -118,6 +118,9 @@ class Communicator {
   // several peers can run concurrently on different threads. Matched by (peer, tag) in order.
   virtual void send(const void* buf, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* buf, size_t bytes, int peer, int tag) = 0;
+  // Non-blocking look at the next message from `peer` (any-source receive): true and its tag and
+  // size when one has arrived, false otherwise. Called by the one thread that receives from `peer`.
+  virtual bool peek(int peer, int64_t* tag, uint64_t* bytes) = 0;
 
   // Makes every pending and future wait of every local rank fail with kAborted. Safe from any thread.
   virtual void abort(const std::string& reason) = 0;
