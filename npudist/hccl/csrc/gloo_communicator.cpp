@@ -83,7 +83,8 @@ at::Tensor combine(const at::Tensor& parts, ReduceOp op) {
 void combine_into(const std::vector<at::Tensor>& rows, void* out, size_t count, DataType t, ReduceOp op,
                   double scale) {
   const at::ScalarType st = scalar_type_of(t);
-  at::Tensor parts = at::stack(rows).view(st).view({static_cast<int64_t>(rows.size()), static_cast<int64_t>(count)});
+  const int64_t n = static_cast<int64_t>(rows.size());
+  at::Tensor parts = at::stack(rows).view(st).view({n, static_cast<int64_t>(count)});
   at::Tensor r = combine(parts, op);
   if (scale != 1.0) r.mul_(scale);
   view_of(out, count, st).copy_(r);
@@ -93,7 +94,8 @@ void combine_into(const std::vector<at::Tensor>& rows, void* out, size_t count, 
 std::vector<at::Tensor> blocks_of(void* p, size_t block, int n) {
   at::Tensor flat = bytes_of(p, block * n);
   std::vector<at::Tensor> v;
-  for (int r = 0; r < n; ++r) v.push_back(flat.narrow(0, static_cast<int64_t>(r * block), static_cast<int64_t>(block)));
+  const auto len = static_cast<int64_t>(block);
+  for (int r = 0; r < n; ++r) v.push_back(flat.narrow(0, r * len, len));
   return v;
 }
 
@@ -126,7 +128,8 @@ void GlooCommunicator::abort(const std::string& reason) {
 void GlooCommunicator::check_usable(const char* what) {
   if (!aborted_) return;
   std::lock_guard<std::mutex> g(reason_mu_);
-  throw EngineError(ErrorKind::kAborted, std::string(what) + ": the Gloo communicator was aborted: " + abort_reason_);
+  throw EngineError(ErrorKind::kAborted,
+                    std::string(what) + ": the Gloo communicator was aborted: " + abort_reason_);
 }
 
 void GlooCommunicator::wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what) {
@@ -191,8 +194,8 @@ void GlooCommunicator::reduce_scatter(const void* in, void* out, size_t count, D
 }
 
 void GlooCommunicator::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
-                                  void* out, const size_t* recv_counts, const size_t* recv_offsets, DataType t,
-                                  const OpInfo& info, const Stream&) {
+                                  void* out, const size_t* recv_counts, const size_t* recv_offsets,
+                                  DataType t, const OpInfo& info, const Stream&) {
   check_usable(info.op);
   // Gloo takes split sizes of packed blocks: offsets must be the running sums of the counts.
   const int64_t es = static_cast<int64_t>(element_size(t));
@@ -212,8 +215,8 @@ void GlooCommunicator::all_to_all(const void* in, const size_t* send_counts, con
   wait(gloo_->alltoall_base(o, i, rb, sb, c10d::AllToAllOptions()), info.op);
 }
 
-void GlooCommunicator::gather(const void* in, void* out, size_t count, DataType t, int root, const OpInfo& info,
-                              const Stream&) {
+void GlooCommunicator::gather(const void* in, void* out, size_t count, DataType t, int root,
+                              const OpInfo& info, const Stream&) {
   check_usable(info.op);
   const size_t bytes = count * element_size(t);
   std::vector<std::vector<at::Tensor>> outs;

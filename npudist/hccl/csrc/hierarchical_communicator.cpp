@@ -66,8 +66,9 @@ void HierarchicalCommunicator::all_gather(const void* in, void* out, size_t coun
   intra_->broadcast(out, n * topo_.size, DataType::kUInt8, 0, info, s);
 }
 
-void HierarchicalCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                                              double scale, const OpInfo& info, const Stream& s) {
+void HierarchicalCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType t,
+                                              ReduceOp op, double scale, const OpInfo& info,
+                                              const Stream& s) {
   const size_t bytes = count * element_size(t);
   auto tmp = scratch(bytes * topo_.size);
   std::memcpy(tmp.get(), in, bytes * topo_.size);
@@ -75,8 +76,9 @@ void HierarchicalCommunicator::reduce_scatter(const void* in, void* out, size_t 
   std::memcpy(out, tmp.get() + topo_.rank * bytes, bytes);
 }
 
-void HierarchicalCommunicator::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
-                                          void* out, const size_t* recv_counts, const size_t* recv_offsets,
+void HierarchicalCommunicator::all_to_all(const void* in, const size_t* send_counts,
+                                          const size_t* send_offsets, void* out,
+                                          const size_t* recv_counts, const size_t* recv_offsets,
                                           DataType t, const OpInfo& info, const Stream& s) {
   all_->all_to_all(in, send_counts, send_offsets, out, recv_counts, recv_offsets, t, info, s);
 }
@@ -99,12 +101,16 @@ void HierarchicalCommunicator::barrier(const OpInfo& info, const Stream& s) {
 
 void HierarchicalCommunicator::send(const void* buf, size_t count, DataType t, int peer, int tag,
                                     const Stream& s) {
-  if (topo_.node_of_rank[peer] == topo_.node) return intra_->send(buf, count, t, topo_.local_index_of(peer), tag, s);
+  if (topo_.node_of_rank[peer] == topo_.node) {
+    return intra_->send(buf, count, t, topo_.local_index_of(peer), tag, s);
+  }
   all_->send(buf, count, t, peer, tag, s);
 }
 
 void HierarchicalCommunicator::recv(void* buf, size_t count, DataType t, int peer, int tag, const Stream& s) {
-  if (topo_.node_of_rank[peer] == topo_.node) return intra_->recv(buf, count, t, topo_.local_index_of(peer), tag, s);
+  if (topo_.node_of_rank[peer] == topo_.node) {
+    return intra_->recv(buf, count, t, topo_.local_index_of(peer), tag, s);
+  }
   all_->recv(buf, count, t, peer, tag, s);
 }
 

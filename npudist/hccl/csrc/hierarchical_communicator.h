@@ -18,8 +18,8 @@ class HierarchicalCommunicator final : public Communicator {
  public:
   // intra: this node's ranks (numbered by local index); all: every rank of the group; leaders: one rank
   // per node (numbered by node index), present on node leaders only.
-  HierarchicalCommunicator(Topology topo, std::unique_ptr<Communicator> intra, std::unique_ptr<Communicator> all,
-                           std::unique_ptr<Communicator> leaders);
+  HierarchicalCommunicator(Topology topo, std::unique_ptr<Communicator> intra,
+                           std::unique_ptr<Communicator> all, std::unique_ptr<Communicator> leaders);
 
   const char* kind() const override { return "hierarchical"; }
   int rank() const override { return topo_.rank; }

@@ -69,8 +69,9 @@ std::string random_token() {
 bool gloo_forced() {
   const char* v = std::getenv("NPUDIST_HCCL_COMMUNICATOR");
   const std::string s = v ? v : "";
-  TORCH_CHECK_VALUE(s.empty() || s == "auto" || s == "gloo", "environment variable NPUDIST_HCCL_COMMUNICATOR='",
-                    s, "' is not a communicator choice; use 'auto' (by topology) or 'gloo'");
+  TORCH_CHECK_VALUE(s.empty() || s == "auto" || s == "gloo", "environment variable "
+                    "NPUDIST_HCCL_COMMUNICATOR='", s,
+                    "' is not a communicator choice; use 'auto' (by topology) or 'gloo'");
   return s == "gloo";
 }
 
@@ -173,7 +174,8 @@ void ProcessGroupHCCL::connect() {
     auto all = connect_gloo(ns, "gloo_all", rank_, size_);
     std::unique_ptr<Communicator> leaders;
     if (topo_.is_leader()) leaders = connect_gloo(ns, "gloo_leaders", topo_.node, topo_.num_nodes());
-    comm_ = std::make_unique<HierarchicalCommunicator>(topo_, std::move(intra), std::move(all), std::move(leaders));
+    comm_ = std::make_unique<HierarchicalCommunicator>(topo_, std::move(intra), std::move(all),
+                                                       std::move(leaders));
   }
 }
 

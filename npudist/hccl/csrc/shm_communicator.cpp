@@ -46,8 +46,8 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
   engine_->all_to_all(in, sc.data(), so.data(), out, rc.data(), ro.data(), info);
 }
 
-void ShmCommunicator::gather(const void* in, void* out, size_t count, DataType t, int root, const OpInfo& info,
-                             const Stream&) {
+void ShmCommunicator::gather(const void* in, void* out, size_t count, DataType t, int root,
+                             const OpInfo& info, const Stream&) {
   engine_->gather(in, out, count * element_size(t), root, info);
 }
 
