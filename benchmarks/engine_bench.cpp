@@ -120,13 +120,13 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
     in_p = priv_in.data();
     out_p = priv_out.data();
   }
-  std::vector<std::unique_ptr<Communicator>> comms;
-  comms.push_back(Communicator::connect(cfg, bs));
+  std::vector<std::unique_ptr<ShmEngine>> comms;
+  comms.push_back(ShmEngine::connect(cfg, bs));
   if (!ab.empty()) {
     const size_t eq = ab.find('=');
     setenv(ab.substr(0, eq).c_str(), ab.substr(eq + 1).c_str(), 1);
     cfg.name += "_b";
-    comms.push_back(Communicator::connect(cfg, bs));
+    comms.push_back(ShmEngine::connect(cfg, bs));
   }
   struct Buf { char* p; char* data() const { return p; } } in{in_p}, out{out_p};
   std::memset(in_p, 0, buf_bytes);
@@ -138,7 +138,7 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
                          64ul << 20, 128ul << 20}) {
       if (bytes > max_bytes) break;
       const size_t count = bytes / 4;
-      Communicator* comm = comms[0].get();
+      ShmEngine* comm = comms[0].get();
       auto call = [&] {
         OpInfo info{op.c_str(), ++seq};
         if (op == "all_reduce") comm->all_reduce(in.data(), getenv("NPUDIST_BENCH_OUT_OF_PLACE") ? out.data() : in.data(), count, DataType::kFloat32, ReduceOp::kSum, info);

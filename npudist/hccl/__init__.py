@@ -13,7 +13,8 @@ Options (torch_npu names)::
 Environment: HCCL_BUFFSIZE (MB), HCCL_EXEC_TIMEOUT (s, default op timeout when none is given),
 HCCL_CONNECT_TIMEOUT (s), TORCH_HCCL_ASYNC_ERROR_HANDLING, TORCH_HCCL_BLOCKING_WAIT,
 TORCH_HCCL_TRACE_BUFFER_SIZE, TORCH_HCCL_DUMP_ON_TIMEOUT, TORCH_HCCL_DEBUG_INFO_TEMP_FILE,
-NPUDIST_NODE_ID (node identity; default: host name). See docs/hccl.md and docs/debugging.md.
+NPUDIST_NODE_ID (node identity; default: host name), NPUDIST_HCCL_COMMUNICATOR (auto | gloo).
+See docs/hccl.md and docs/debugging.md.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import datetime as _dt
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ProcessGroupGloo as _ProcessGroupGloo
 from torch.distributed.distributed_c10d import default_pg_timeout as _default_pg_timeout
 
 from . import _C
@@ -58,11 +58,6 @@ def _create_backend(dist_opts, pg_options):
     opts.group_name = dist_opts.group_id
     _hand_over_runtime()
     return ProcessGroupHCCL(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, opts)
-
-
-def _create_gloo(store, rank, size, timeout):
-    """Inter-node transport: Gloo groups built on a PrefixStore of the hccl group (see docs/hccl.md)."""
-    return _ProcessGroupGloo(store, rank, size, timeout)
 
 
 _runtime_handed_over = False
@@ -120,7 +115,6 @@ def _register() -> None:
     # torch_npu code checks torch.distributed.is_hccl_available().
     if not hasattr(dist, "is_hccl_available"):
         dist.is_hccl_available = is_available
-    _C._set_gloo_factory(_create_gloo)
 
 
 _register()

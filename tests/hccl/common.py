@@ -28,6 +28,10 @@ def init(backend="hccl", timeout=60.0, **kw):
     if expect and backend == "hccl":
         be = dist.group.WORLD._get_backend(torch.device("cpu"))
         assert be.num_nodes == int(expect) and be.uses_gloo, (be.num_nodes, be.uses_gloo)
+    expect_comm = os.environ.get("HCCL_TEST_EXPECT_COMMUNICATOR")
+    if expect_comm and backend == "hccl":
+        be = dist.group.WORLD._get_backend(torch.device("cpu"))
+        assert be.communicator == expect_comm, (be.communicator, expect_comm)
 
 
 # ------------------------------------------------------------------------------------------------

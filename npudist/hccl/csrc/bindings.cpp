@@ -1,5 +1,5 @@
 // Python module npudist.hccl._C: ProcessGroupHCCL (a torch Backend subclass), its Options, the
-// flight-recorder dump, and the two hand-overs from Python (device runtime table, Gloo factory).
+// flight-recorder dump, and the device runtime table handed over from Python.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -9,10 +9,6 @@
 namespace py = pybind11;
 
 namespace npudist::hccl {
-
-using GlooFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
-    const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds)>;
-void set_gloo_factory(GlooFactory f);
 
 namespace {
 
@@ -95,7 +91,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("local_size", [](ProcessGroupHCCL& p) { return p.topology().local_size(); })
       .def_property_readonly("timeout", &ProcessGroupHCCL::timeout)
       .def_property_readonly("buffer_bytes", &ProcessGroupHCCL::buffer_bytes)
-      .def_property_readonly("uses_gloo", [](ProcessGroupHCCL& p) { return p.topology().num_nodes() > 1; })
+      .def_property_readonly("uses_gloo", [](ProcessGroupHCCL& p) { return p.communicator_kind() != "shm"; })
+      .def_property_readonly("communicator", &ProcessGroupHCCL::communicator_kind)
       .def("_trace_json", [](ProcessGroupHCCL& p) { return p.recorder()->to_json(); })
       // torch calls this on ranks outside a new_group when the default group has a bound device
       // (NCCL must then join ncclCommSplit). hccl communicators involve only the members: no-op.
@@ -103,19 +100,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
 
   m.def("_set_runtime_api", [](uintptr_t addr) { set_runtime_api(addr); });
-  m.def(
-      "_set_gloo_factory",
-      [](py::object fn) {
-        // Leaked on purpose: the callable must outlive every group, including at interpreter exit.
-        auto* held = new py::object(std::move(fn));
-        set_gloo_factory([held](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                std::chrono::milliseconds timeout) {
-          py::gil_scoped_acquire gil;
-          py::object r = (*held)(store, rank, size, timeout);
-          return r.cast<c10::intrusive_ptr<c10d::Backend>>();
-        });
-      },
-      "Install the callable (store, rank, size, timeout) -> Backend that builds the inter-node Gloo groups.");
   m.def(
       "_dump_trace_json", [](int global_rank, const std::string& reason) { return dump_all_json(global_rank, reason); },
       py::arg("global_rank"), py::arg("reason") = "on demand");

@@ -1,6 +1,6 @@
-// ProcessGroupHCCL: construction (topology, shm communicator, Gloo between nodes), options and split.
+// ProcessGroupHCCL: construction (topology, the group's Communicator), options and split.
 // Launch/execution and Work: execution.cpp; watchdog, abort, shutdown: watchdog.cpp; the ops:
-// collectives.cpp and exchange.cpp; routing to the engine or Gloo: engine_calls.cpp.
+// collectives.cpp and exchange.cpp; their Communicator calls: engine_calls.cpp.
 #include "process_group_hccl.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -14,8 +14,11 @@
 #include <random>
 #include <sstream>
 
+#include "gloo_communicator.h"
+#include "hierarchical_communicator.h"
 #include "internal.h"
 #include "npudist/runtime_c_api.h"
+#include "shm_communicator.h"
 
 namespace npudist::hccl {
 
@@ -62,9 +65,15 @@ std::string random_token() {
   return std::string(buf, 12);
 }
 
-std::function<c10::intrusive_ptr<c10d::Backend>(const c10::intrusive_ptr<c10d::Store>&, int, int,
-                                                std::chrono::milliseconds)>
-    g_gloo_factory;
+// NPUDIST_HCCL_COMMUNICATOR: "auto" (default: by topology) or "gloo" (the whole group over Gloo).
+bool gloo_forced() {
+  const char* v = std::getenv("NPUDIST_HCCL_COMMUNICATOR");
+  const std::string s = v ? v : "";
+  TORCH_CHECK_VALUE(s.empty() || s == "auto" || s == "gloo", "environment variable "
+                    "NPUDIST_HCCL_COMMUNICATOR='", s,
+                    "' is not a communicator choice; use 'auto' (by topology) or 'gloo'");
+  return s == "gloo";
+}
 
 }  // namespace
 
@@ -77,8 +86,6 @@ void set_runtime_api(uintptr_t address) {
   g_api = api;
 }
 const NpudistRuntimeApi* runtime_api() { return g_api; }
-
-void set_gloo_factory(decltype(g_gloo_factory) f) { g_gloo_factory = std::move(f); }
 
 // ------------------------------------------------------------------------------------------------
 // Construction
@@ -122,6 +129,7 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
 }
 
 void ProcessGroupHCCL::connect() {
+  const bool gloo_only = gloo_forced();  // a bad value fails here, before any rank waits on this one
   // Keys are namespaced by how many hccl groups this rank built on this store before, so building
   // twice on one store (as torch may) pairs the k-th construction of every rank with each other.
   const std::string ns =
@@ -155,7 +163,24 @@ void ProcessGroupHCCL::connect() {
   }
   comm_name_ = (job.empty() ? "" : job + "_") + token + "_n" + std::to_string(topo_.node);
 
-  // 3. The node's shared-memory communicator.
+  // 3. The group's communicator, chosen once from the topology.
+  if (gloo_only) {
+    comm_ = connect_gloo(ns, "gloo_all", rank_, size_);
+  } else if (topo_.num_nodes() == 1) {
+    comm_ = connect_shm(ns);
+  } else {
+    // Gloo among all ranks (all_to_all, gather, scatter, p2p between nodes) and among node leaders.
+    auto intra = connect_shm(ns);
+    auto all = connect_gloo(ns, "gloo_all", rank_, size_);
+    std::unique_ptr<Communicator> leaders;
+    if (topo_.is_leader()) leaders = connect_gloo(ns, "gloo_leaders", topo_.node, topo_.num_nodes());
+    comm_ = std::make_unique<HierarchicalCommunicator>(topo_, std::move(intra), std::move(all),
+                                                       std::move(leaders));
+  }
+}
+
+// The node's shared-memory communicator over this group's ranks on the node.
+std::unique_ptr<Communicator> ProcessGroupHCCL::connect_shm(const std::string& ns) {
   CommConfig cfg;
   cfg.name = comm_name_;
   cfg.rank = topo_.local_rank;
@@ -178,29 +203,25 @@ void ProcessGroupHCCL::connect() {
   }
   StoreBootstrap boot(store_, ns + "eng/n" + std::to_string(topo_.node) + "/", connect_timeout_);
   try {
-    comm_ = Communicator::connect(cfg, boot);
+    return std::make_unique<ShmCommunicator>(ShmEngine::connect(cfg, boot));
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError,
                     c10::str("hccl: connecting the shared-memory communicator of group '",
                              options_->group_name, "' failed on rank ", rank_, ": ", e.what()));
   }
-
-  // 4. Several nodes: Gloo among all ranks (p2p, all_to_all, gather, scatter) and among leaders.
-  if (topo_.num_nodes() > 1) {
-    TORCH_CHECK(g_gloo_factory, "hccl: a multi-node group needs Gloo; import npudist.hccl first");
-    auto all_store = c10::make_intrusive<c10d::PrefixStore>(ns + "gloo_all", store_);
-    gloo_all_ = g_gloo_factory(all_store, rank_, size_, timeout_);
-    if (topo_.is_leader()) {
-      auto lead_store = c10::make_intrusive<c10d::PrefixStore>(ns + "gloo_leaders", store_);
-      gloo_leaders_ = g_gloo_factory(lead_store, topo_.node, topo_.num_nodes(), timeout_);
-    }
-  }
 }
 
-void ProcessGroupHCCL::attach_gloo(c10::intrusive_ptr<c10d::Backend> all,
-                                   c10::intrusive_ptr<c10d::Backend> leaders) {
-  gloo_all_ = std::move(all);
-  gloo_leaders_ = std::move(leaders);
+// A Gloo communicator on its own key space of the group's store.
+std::unique_ptr<Communicator> ProcessGroupHCCL::connect_gloo(const std::string& ns, const std::string& name,
+                                                             int rank, int size) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(ns + name, store_);
+  try {
+    return GlooCommunicator::connect(store, rank, size, timeout_);
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("hccl: connecting the Gloo communicator (", name, ") of group '",
+                             options_->group_name, "' failed on rank ", rank_, ": ", e.what()));
+  }
 }
 
 ProcessGroupHCCL::~ProcessGroupHCCL() {

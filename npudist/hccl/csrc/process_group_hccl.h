@@ -1,8 +1,8 @@
 // ProcessGroupHCCL: the c10d::Backend behind `init_process_group("hccl")`.
 //
-// Inside a node every collective goes through one shared-memory engine Communicator over the node's
-// ranks of this group; between nodes the adapter composes hierarchical collectives (reduce inside the
-// node, leaders exchange over a Gloo group, broadcast back) and sends p2p traffic over Gloo.
+// Every op goes through the group's Communicator (communicator.h), chosen once at construction from
+// the topology: shared memory when the group lives on one node, hierarchical (shm inside nodes, Gloo
+// between them) otherwise, Gloo alone when NPUDIST_HCCL_COMMUNICATOR=gloo.
 // Execution: small synchronous ops run on the calling thread; asynchronous ones on a per-group worker
 // lane (p2p: one lane per peer and direction). npu tensors are protected with record_stream on the
 // group's comm stream, which carries a fence that completes with the op.
@@ -22,7 +22,7 @@
 #include <mutex>
 #include <thread>
 
-#include "engine.h"
+#include "communicator.h"
 #include "flight_recorder.h"
 #include "lane.h"
 #include "topology.h"
@@ -135,8 +135,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   size_t buffer_bytes() const { return buffer_bytes_; }
-  // Inter-node transport (Gloo groups created by Python; see bindings.cpp).
-  void attach_gloo(c10::intrusive_ptr<c10d::Backend> all, c10::intrusive_ptr<c10d::Backend> leaders);
+  // "shm", "gloo" or "hierarchical": the group's Communicator.
+  std::string communicator_kind() const { return comm_ ? comm_->kind() : "none"; }
 
   // Called by WorkHCCL when its op finishes.
   void on_work_done(WorkHCCL* w);
@@ -144,6 +144,8 @@ class ProcessGroupHCCL : public c10d::Backend {
  private:
   friend class WorkHCCL;
   void connect();
+  std::unique_ptr<Communicator> connect_shm(const std::string& ns);
+  std::unique_ptr<Communicator> connect_gloo(const std::string& ns, const std::string& name, int rank, int size);
   c10::intrusive_ptr<c10d::Work> launch(OpSpec spec);
   void execute(const c10::intrusive_ptr<WorkHCCL>& work);
   std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool engine_error);
@@ -154,7 +156,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   void start_watchdog();
   void watchdog_loop();
 
-  // Engine calls routed by topology (single node: the shm communicator; several nodes: hierarchical).
+  // The ops as Communicator calls (engine_calls.cpp): reduce-op mapping, counts, the ordering stream.
+  Stream stream_of(const at::Tensor& t);
   void do_all_reduce(at::Tensor& t, const c10d::ReduceOp& op, uint64_t seq, const char* name);
   void do_broadcast(at::Tensor& t, int root, uint64_t seq, const char* name);
   void do_reduce(at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t seq);
@@ -172,12 +175,6 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   int recv_any(at::Tensor& t, int tag);  // returns the sender's group rank
   std::atomic<uint64_t> monitored_seq_{0};
-  // Inter-node helpers (hierarchical.cpp).
-  void hier_all_reduce(at::Tensor& t, const c10d::ReduceOp& op, uint64_t seq, const char* name);
-  void hier_broadcast(at::Tensor& t, int root, uint64_t seq, const char* name);
-  void hier_all_gather(const at::Tensor& in, at::Tensor& out, uint64_t seq, const char* name);
-  void hier_barrier(uint64_t seq);
-  void gloo_wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<HCCLOptions> options_;
@@ -186,8 +183,7 @@ class ProcessGroupHCCL : public c10d::Backend {
   size_t buffer_bytes_ = 0;
   Topology topo_;
   std::string comm_name_;
-  std::unique_ptr<Communicator> comm_;  // intra-node; null when this node holds one rank of the group
-  c10::intrusive_ptr<c10d::Backend> gloo_all_, gloo_leaders_;
+  std::unique_ptr<Communicator> comm_;  // null once shut down
 
   std::atomic<uint64_t> seq_{0};
   std::atomic<uint64_t> p2p_seq_{0};

@@ -143,8 +143,6 @@ void ProcessGroupHCCL::abort() {
     abort_reason_ = kUserAbortReason;
   }
   if (comm_) comm_->abort(abort_reason_);
-  if (gloo_all_) gloo_all_->abort();
-  if (gloo_leaders_) gloo_leaders_->abort();
   // Fail what is still queued: execute() sees aborted_ and completes with an error.
 }
 
@@ -164,8 +162,6 @@ void ProcessGroupHCCL::shutdown() {
   }
   if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
   comm_.reset();
-  if (gloo_all_) gloo_all_->shutdown();
-  if (gloo_leaders_) gloo_leaders_->shutdown();
 }
 
 

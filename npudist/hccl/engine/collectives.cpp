@@ -39,7 +39,7 @@ bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
 
 }  // namespace
 
-void ShmCommunicator::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                  const OpInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
   require(count == 0 || (in && out), "all_reduce got a null buffer for " + std::to_string(count) + " elements");
@@ -59,7 +59,7 @@ void ShmCommunicator::all_reduce(const void* in, void* out, size_t count, DataTy
   reduce_pipelined(in, out, count, t, op, -1, scale);
 }
 
-void ShmCommunicator::reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+void ShmEngineImpl::reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
                              const OpInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
   check_root(root, size_);
@@ -74,7 +74,7 @@ void ShmCommunicator::reduce(const void* in, void* out, size_t count, DataType t
 }
 
 // root < 0: every rank receives the result (all_reduce).
-void ShmCommunicator::reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                       int root, double scale) {
   const size_t bytes = count * element_size(t);
   if (bytes) std::memcpy(write_half(), in, bytes);
@@ -84,7 +84,7 @@ void ShmCommunicator::reduce_one_shot(const void* in, void* out, size_t count, D
   if (count) reduce_buffers(t, op, srcs_.data(), size_, out, nullptr, count, scale);
 }
 
-void ShmCommunicator::reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                        int root, double scale) {
   const size_t es = element_size(t);
   const size_t seg_max = segment_elems(pipe_bytes_, size_, es);
@@ -128,7 +128,7 @@ void ShmCommunicator::reduce_pipelined(const void* in, void* out, size_t count, 
   if (count == 0) sync();  // zero-size ops still meet (arrival and mismatch check)
 }
 
-void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo& info) {
+void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const OpInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || buf, "broadcast got a null buffer");
   OpDesc d = make_desc(OpKind::kBroadcast, info, bytes, root);
@@ -151,7 +151,7 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root, const OpInfo&
   if (bytes >= stream_bytes_) stream_fence();
 }
 
-void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) {
+void ShmEngineImpl::all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) {
   require(bytes == 0 || (in && out), "all_gather got a null buffer");
   OpDesc d = make_desc(OpKind::kAllGather, info, bytes, -1);
   d.src_addr = reinterpret_cast<uint64_t>(in);
@@ -178,7 +178,7 @@ void ShmCommunicator::all_gather(const void* in, void* out, size_t bytes, const 
   if (bytes && cptr(in, 0) != mptr(out, rank_ * bytes)) std::memmove(mptr(out, rank_ * bytes), in, bytes);
 }
 
-void ShmCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                      const OpInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
   require(count == 0 || (in && out), "reduce_scatter got a null buffer");
@@ -213,13 +213,13 @@ void ShmCommunicator::reduce_scatter(const void* in, void* out, size_t count, Da
 }
 
 // The largest split any rank sends or receives in the current all_to_all (after its first sync).
-size_t ShmCommunicator::largest_split() const {
+size_t ShmEngineImpl::largest_split() const {
   size_t mx = 0;
   for (int j = 0; j < size_; ++j) mx = std::max<size_t>(mx, peer_desc(j).extra);
   return mx;
 }
 
-void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
+void ShmEngineImpl::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                  void* out, const size_t* recv_counts, const size_t* recv_offsets,
                                  const OpInfo& info) {
   require(send_counts && send_offsets && recv_counts && recv_offsets, "all_to_all got null count/offset arrays");
@@ -279,7 +279,7 @@ void ShmCommunicator::all_to_all(const void* in, const size_t* send_counts, cons
   if (stream) stream_fence();
 }
 
-void ShmCommunicator::gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
+void ShmEngineImpl::gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || (in && (out || rank_ != root)), "gather got a null buffer");
   OpDesc d = make_desc(OpKind::kGather, info, bytes, root);
@@ -300,7 +300,7 @@ void ShmCommunicator::gather(const void* in, void* out, size_t bytes, int root, 
     std::memmove(mptr(out, rank_ * bytes), in, bytes);
 }
 
-void ShmCommunicator::scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
+void ShmEngineImpl::scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || (out && (in || rank_ != root)), "scatter got a null buffer");
   OpDesc d = make_desc(OpKind::kScatter, info, bytes, root);
@@ -324,7 +324,7 @@ void ShmCommunicator::scatter(const void* in, void* out, size_t bytes, int root,
     std::memmove(out, cptr(in, root * bytes), bytes);
 }
 
-void ShmCommunicator::barrier(const OpInfo& info) {
+void ShmEngineImpl::barrier(const OpInfo& info) {
   begin(make_desc(OpKind::kBarrier, info, 0, -1));
   sync();
 }

@@ -1,4 +1,4 @@
-// Communicator construction, the step machinery, failure handling and abort (see comm.h).
+// ShmEngine construction, the step machinery, failure handling and abort (see comm.h).
 #include "comm.h"
 
 #include <cstdlib>
@@ -8,9 +8,9 @@
 
 namespace npudist::hccl {
 
-std::unique_ptr<Communicator> Communicator::connect(const CommConfig& cfg, Bootstrap& bootstrap) {
+std::unique_ptr<ShmEngine> ShmEngine::connect(const CommConfig& cfg, Bootstrap& bootstrap) {
   auto seg = detail::Segment::connect(cfg, bootstrap);
-  return std::make_unique<detail::ShmCommunicator>(cfg, std::move(seg));
+  return std::make_unique<detail::ShmEngineImpl>(cfg, std::move(seg));
 }
 
 }  // namespace npudist::hccl
@@ -27,7 +27,7 @@ size_t env_kib(const char* name, size_t def_bytes) {
 
 }  // namespace
 
-ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment> seg)
+ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg)
     : cfg_(cfg), seg_(std::move(seg)), rank_(cfg.rank), size_(cfg.size) {
   half_ = seg_->buffer_bytes() / 2;
   // Small pipeline steps keep the staging data in cache; tunable for experiments.
@@ -50,19 +50,19 @@ ShmCommunicator::ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment>
   probe_peer_access();
 }
 
-ShmCommunicator::~ShmCommunicator() { unmap_all_shared(); }
+ShmEngineImpl::~ShmEngineImpl() { unmap_all_shared(); }
 
-int ShmCommunicator::global_rank(int r) const {
+int ShmEngineImpl::global_rank(int r) const {
   return r < static_cast<int>(cfg_.global_ranks.size()) ? cfg_.global_ranks[r] : r;
 }
 
-std::string ShmCommunicator::rank_list(const std::vector<int>& local) const {
+std::string ShmEngineImpl::rank_list(const std::vector<int>& local) const {
   std::string s = "[";
   for (size_t i = 0; i < local.size(); ++i) s += (i ? ", " : "") + std::to_string(global_rank(local[i]));
   return s + "]";
 }
 
-std::string ShmCommunicator::describe_peer_state(int r) const {
+std::string ShmEngineImpl::describe_peer_state(int r) const {
   const RankCtl* c = seg_->ctl(r);
   const OpDesc& a = c->desc[0];
   const OpDesc& b = c->desc[1];
@@ -73,7 +73,7 @@ std::string ShmCommunicator::describe_peer_state(int r) const {
   return who + " last entered " + describe_op(d);
 }
 
-OpDesc ShmCommunicator::make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const {
+OpDesc ShmEngineImpl::make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const {
   OpDesc d{};
   d.kind = kind;
   d.seq = info.seq;
@@ -84,12 +84,12 @@ OpDesc ShmCommunicator::make_desc(OpKind kind, const OpInfo& info, uint64_t coun
   return d;
 }
 
-void ShmCommunicator::check_usable() {
+void ShmEngineImpl::check_usable() {
   if (broken_) throw EngineError(broken_->kind, broken_->what(), broken_->ranks);
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
 }
 
-void ShmCommunicator::begin(const OpDesc& d, const size_t* a2a_send, const size_t* a2a_recv,
+void ShmEngineImpl::begin(const OpDesc& d, const size_t* a2a_send, const size_t* a2a_recv,
                             const size_t* a2a_send_offsets) {
   check_usable();
   ctx_.deadline = Clock::now() + cfg_.timeout;
@@ -108,7 +108,7 @@ void ShmCommunicator::begin(const OpDesc& d, const size_t* a2a_send, const size_
   check_pending_ = true;
 }
 
-void ShmCommunicator::sync() {
+void ShmEngineImpl::sync() {
   const uint64_t s = step_ + 1;
   seg_->ctl(rank_)->step.post(s);
   wait_target_ = s;
@@ -126,7 +126,7 @@ void ShmCommunicator::sync() {
 // Every rank posted this op's first step and none can post the next one before this rank does, so no
 // peer can be writing the slots read here (a peer writes the slot of this parity again only when it
 // begins the op after next, which needs this rank's next post).
-void ShmCommunicator::snapshot_descriptors() {
+void ShmEngineImpl::snapshot_descriptors() {
   const int parity = static_cast<int>(step_ & 1);
   for (int j = 0; j < size_; ++j) {
     const RankCtl* c = seg_->ctl(j);
@@ -135,7 +135,7 @@ void ShmCommunicator::snapshot_descriptors() {
   }
 }
 
-void ShmCommunicator::check_descriptors() {
+void ShmEngineImpl::check_descriptors() {
   const int parity = static_cast<int>(step_ & 1);
   bool all_same = true;
   const OpDesc& mine = seg_->ctl(rank_)->desc[parity];
@@ -167,7 +167,7 @@ void ShmCommunicator::check_descriptors() {
   }
 }
 
-void ShmCommunicator::throw_aborted() {
+void ShmEngineImpl::throw_aborted() {
   SegHeader* h = seg_->header();
   for (int i = 0; i < 100000 && h->aborted.load(std::memory_order_acquire) == 2; ++i) sched_yield();
   std::string reason(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
@@ -175,7 +175,7 @@ void ShmCommunicator::throw_aborted() {
                     "npudist engine: communicator '" + cfg_.name + "' was aborted: " + reason);
 }
 
-void ShmCommunicator::fail_wait(int why, int peer) {
+void ShmEngineImpl::fail_wait(int why, int peer) {
   if (why == kWhyAborted) throw_aborted();
   std::string op = describe_op(cur_);
   if (why == kWhyPeerDied) {
@@ -206,7 +206,7 @@ void ShmCommunicator::fail_wait(int why, int peer) {
   throw *broken_;
 }
 
-void ShmCommunicator::abort(const std::string& reason) {
+void ShmEngineImpl::abort(const std::string& reason) {
   SegHeader* h = seg_->header();
   uint32_t expected = 0;
   if (h->aborted.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) {

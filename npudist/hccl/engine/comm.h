@@ -1,10 +1,11 @@
-// The shared-memory Communicator. Collectives run as a sequence of lock-step "steps": before posting step
-// s a rank writes its data into half (s % 2) of its own staging slot; after every rank posted s, each rank
-// may read the others' half (s % 2) until it posts s + 1. A rank therefore never overwrites data a peer
-// still reads (the peer's post of s + 1 is awaited before writing step s + 2), with one wait per step.
-// The first step of every collective also publishes an OpDesc that all ranks compare (mismatch check).
-// Descriptor slots are double-buffered by the parity of the op's first step, so they are only stable until
-// the reader posts its next step; each rank copies them at the op's first sync and uses the copy after.
+// The shared-memory engine (ShmEngineImpl). Collectives run as a sequence of lock-step "steps": before
+// posting step s a rank writes its data into half (s % 2) of its own staging slot; after every rank posted
+// s, each rank may read the others' half (s % 2) until it posts s + 1. A rank therefore never overwrites
+// data a peer still reads (the peer's post of s + 1 is awaited before writing step s + 2), with one wait
+// per step. The first step of every collective also publishes an OpDesc that all ranks compare (mismatch
+// check). Descriptor slots are double-buffered by the parity of the op's first step, so they are only
+// stable until the reader posts its next step; each rank copies them at the op's first sync and uses the
+// copy after.
 // Internal.
 #pragma once
 #include <optional>
@@ -17,10 +18,10 @@
 
 namespace npudist::hccl::detail {
 
-class ShmCommunicator final : public Communicator {
+class ShmEngineImpl final : public ShmEngine {
  public:
-  ShmCommunicator(const CommConfig& cfg, std::unique_ptr<Segment> seg);
-  ~ShmCommunicator() override;
+  ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg);
+  ~ShmEngineImpl() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }

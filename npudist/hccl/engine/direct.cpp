@@ -18,7 +18,7 @@
 
 namespace npudist::hccl::detail {
 
-void ShmCommunicator::probe_peer_access() {
+void ShmEngineImpl::probe_peer_access() {
   // Direct reads default to pairs only. Measured here (2 cores), direct reads beat staging by up to 1.3x
   // with 2 ranks but lose by up to 1.8x with 4, where several readers pin the same process's pages.
   const char* env = std::getenv("NPUDIST_ENGINE_DIRECT");
@@ -77,7 +77,7 @@ void ShmCommunicator::probe_peer_access() {
   }
 }
 
-void ShmCommunicator::read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes) {
+void ShmEngineImpl::read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes) {
   char* dst = static_cast<char*>(local);
   const pid_t pid = seg_->ctl(peer)->proc.pid;
   while (bytes > 0) {
@@ -101,7 +101,7 @@ void ShmCommunicator::read_peer(int peer, uint64_t remote_addr, void* local, siz
 }
 
 // Reads every peer's published source into its slot of `out` and places this rank's own block.
-void ShmCommunicator::gather_all_direct(const void* in, void* out, size_t bytes) {
+void ShmEngineImpl::gather_all_direct(const void* in, void* out, size_t bytes) {
   for (int k = 1; k < size_; ++k) {
     const int j = (rank_ + k) % size_;
     read_peer(j, peer_desc(j).src_addr, static_cast<char*>(out) + j * bytes, bytes);
@@ -110,25 +110,25 @@ void ShmCommunicator::gather_all_direct(const void* in, void* out, size_t bytes)
   if (mine != in) std::memmove(mine, in, bytes);
 }
 
-void ShmCommunicator::all_gather_direct(const void* in, void* out, size_t bytes) {
+void ShmEngineImpl::all_gather_direct(const void* in, void* out, size_t bytes) {
   sync();
   gather_all_direct(in, out, bytes);
   sync();
 }
 
-void ShmCommunicator::broadcast_direct(void* buf, size_t bytes, int root) {
+void ShmEngineImpl::broadcast_direct(void* buf, size_t bytes, int root) {
   sync();
   if (rank_ != root) read_peer(root, peer_desc(root).src_addr, buf, bytes);
   sync();
 }
 
-void ShmCommunicator::gather_direct(const void* in, void* out, size_t bytes, int root) {
+void ShmEngineImpl::gather_direct(const void* in, void* out, size_t bytes, int root) {
   sync();
   if (rank_ == root) gather_all_direct(in, out, bytes);
   sync();
 }
 
-void ShmCommunicator::scatter_direct(const void* in, void* out, size_t bytes, int root) {
+void ShmEngineImpl::scatter_direct(const void* in, void* out, size_t bytes, int root) {
   sync();
   if (rank_ != root) {
     read_peer(root, peer_desc(root).src_addr + static_cast<uint64_t>(rank_) * bytes, out, bytes);
@@ -139,7 +139,7 @@ void ShmCommunicator::scatter_direct(const void* in, void* out, size_t bytes, in
 }
 
 // Called after the first sync of all_to_all (descriptors, counts and offsets are visible).
-void ShmCommunicator::all_to_all_direct(const void* in, const size_t* send_counts, const size_t* send_offsets,
+void ShmEngineImpl::all_to_all_direct(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                         void* out, const size_t* recv_counts, const size_t* recv_offsets) {
   for (int k = 1; k < size_; ++k) {
     const int j = (rank_ + k) % size_;

@@ -1,6 +1,6 @@
 // npudist collective engine: the public API. Plain C++17, no torch headers.
 //
-// A Communicator connects the ranks of one process group that live on the same node through POSIX
+// A ShmEngine connects the ranks of one process group that live on the same node through POSIX
 // shared memory. All buffers are raw host pointers (npu memory is host memory); counts are in elements
 // of `dtype`, byte sizes in bytes. Every call is blocking on the calling thread and must be issued in the
 // same order on every local rank (collective semantics); p2p calls are independent per (peer, tag).
@@ -85,11 +85,11 @@ struct OpInfo {
   uint64_t seq = 0;          // caller's sequence number, reported in errors
 };
 
-class Communicator {
+class ShmEngine {
  public:
   // Creates/attaches the shared-memory segments (collective over the local ranks).
-  static std::unique_ptr<Communicator> connect(const CommConfig& cfg, Bootstrap& bootstrap);
-  virtual ~Communicator() = default;
+  static std::unique_ptr<ShmEngine> connect(const CommConfig& cfg, Bootstrap& bootstrap);
+  virtual ~ShmEngine() = default;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;

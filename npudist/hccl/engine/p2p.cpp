@@ -19,13 +19,13 @@ void check_peer(int peer, int rank, int n, const char* what) {
 
 }  // namespace
 
-WaitContext ShmCommunicator::p2p_context(int peer, const std::string& what) const {
+WaitContext ShmEngineImpl::p2p_context(int peer, const std::string& what) const {
   WaitContext ctx;
   ctx.deadline = Clock::now() + cfg_.timeout;
   ctx.abort_flag = &seg_->header()->aborted;
   ctx.peer_alive = [this](int p) { return process_alive(seg_->ctl(p)->proc); };
   ctx.on_fail = [this, what](int why, int p) {
-    if (why == kWhyAborted) const_cast<ShmCommunicator*>(this)->throw_aborted();
+    if (why == kWhyAborted) const_cast<ShmEngineImpl*>(this)->throw_aborted();
     const int g = global_rank(p);
     if (why == kWhyPeerDied)
       throw EngineError(ErrorKind::kPeerDied,
@@ -42,7 +42,7 @@ WaitContext ShmCommunicator::p2p_context(int peer, const std::string& what) cons
   return ctx;
 }
 
-void ShmCommunicator::send(const void* buf, size_t bytes, int peer, int tag) {
+void ShmEngineImpl::send(const void* buf, size_t bytes, int peer, int tag) {
   check_peer(peer, rank_, size_, "send");
   if (bytes && !buf) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: send got a null buffer");
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
@@ -65,7 +65,7 @@ void ShmCommunicator::send(const void* buf, size_t bytes, int peer, int tag) {
   }
 }
 
-void ShmCommunicator::recv(void* buf, size_t bytes, int peer, int tag) {
+void ShmEngineImpl::recv(void* buf, size_t bytes, int peer, int tag) {
   check_peer(peer, rank_, size_, "recv");
   if (bytes && !buf) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: recv got a null buffer");
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();

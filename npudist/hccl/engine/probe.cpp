@@ -4,7 +4,7 @@
 
 namespace npudist::hccl::detail {
 
-bool ShmCommunicator::peek(int peer, int64_t* tag, uint64_t* bytes) {
+bool ShmEngineImpl::peek(int peer, int64_t* tag, uint64_t* bytes) {
   if (peer < 0 || peer >= size_ || peer == rank_)
     throw EngineError(ErrorKind::kInvalidArgument,
                       "npudist engine: peek peer " + std::to_string(peer) + " is invalid: it must be another rank in [0, " +

@@ -32,7 +32,7 @@ constexpr size_t kReduceBlockBytes = 16 * 1024;
 
 }  // namespace
 
-void ShmCommunicator::publish_shared(OpDesc& d, const void* src, size_t src_bytes, const void* dst,
+void ShmEngineImpl::publish_shared(OpDesc& d, const void* src, size_t src_bytes, const void* dst,
                                      size_t dst_bytes) const {
   d.zc_ok = 0;
   if (!zc_ok_) return;
@@ -42,14 +42,14 @@ void ShmCommunicator::publish_shared(OpDesc& d, const void* src, size_t src_byte
   d.zc_ok = ok ? 1 : 0;
 }
 
-bool ShmCommunicator::all_shared() const {
+bool ShmEngineImpl::all_shared() const {
   for (int j = 0; j < size_; ++j) {
     if (!peer_desc(j).zc_ok) return false;
   }
   return true;
 }
 
-char* ShmCommunicator::map_shared(int peer, const SharedBuffer& b) {
+char* ShmEngineImpl::map_shared(int peer, const SharedBuffer& b) {
   PeerMappings& m = peer_maps_[peer];
   if (m.epoch != b.epoch) {
     // The peer released segments since we last looked: drop every mapping so none keeps freed memory alive.
@@ -84,14 +84,14 @@ char* ShmCommunicator::map_shared(int peer, const SharedBuffer& b) {
   return static_cast<char*>(p) + b.offset;
 }
 
-void ShmCommunicator::unmap_all_shared() {
+void ShmEngineImpl::unmap_all_shared() {
   for (auto& m : peer_maps_) {
     for (auto& s : m.segs) munmap(s.second.first, s.second.second);
     m.segs.clear();
   }
 }
 
-void ShmCommunicator::all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                     double scale) {
   const size_t es = element_size(t);
   for (int j = 0; j < size_; ++j) {
@@ -124,7 +124,7 @@ void ShmCommunicator::all_reduce_zc(const void* in, void* out, size_t count, Dat
   ++zc_ops_;
 }
 
-void ShmCommunicator::reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                         double scale) {
   const size_t es = element_size(t);
   for (int j = 0; j < size_; ++j) {
@@ -137,7 +137,7 @@ void ShmCommunicator::reduce_scatter_zc(const void* in, void* out, size_t count,
   ++zc_ops_;
 }
 
-void ShmCommunicator::all_gather_zc(const void* in, void* out, size_t bytes) {
+void ShmEngineImpl::all_gather_zc(const void* in, void* out, size_t bytes) {
   const bool stream = bytes * size_ >= stream_bytes_;
   for (int k = 1; k < size_; ++k) {
     const int j = (rank_ + k) % size_;
@@ -151,7 +151,7 @@ void ShmCommunicator::all_gather_zc(const void* in, void* out, size_t bytes) {
 
 // Every rank (root included) copies a 1/n slice of the root's buffer into every non-root rank's buffer, so
 // all cores copy at once instead of only the receivers.
-void ShmCommunicator::broadcast_zc(void* buf, size_t bytes, int root) {
+void ShmEngineImpl::broadcast_zc(void* buf, size_t bytes, int root) {
   const char* src = rank_ == root ? static_cast<const char*>(buf) : map_shared(root, peer_desc(root).zc_src);
   for (int j = 0; j < size_; ++j) {
     if (j != root) zc_dst_[j] = j == rank_ ? static_cast<char*>(buf) : map_shared(j, peer_desc(j).zc_src);
@@ -169,7 +169,7 @@ void ShmCommunicator::broadcast_zc(void* buf, size_t bytes, int root) {
 }
 
 // Called after a sync that made every rank's descriptor, counts and offsets visible.
-void ShmCommunicator::all_to_all_zc(const void* in, const size_t* send_counts, const size_t* send_offsets,
+void ShmEngineImpl::all_to_all_zc(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                     void* out, const size_t* recv_counts, const size_t* recv_offsets) {
   size_t recv_total = 0;
   for (int j = 0; j < size_; ++j) recv_total += recv_counts[j];

@@ -11,7 +11,7 @@
 namespace drv {
 
 int run_faults(const Args& a, const std::string& test);  // driver_faults.cpp
-void run_p2p(const Args& a, Communicator& c);             // driver_faults.cpp
+void run_p2p(const Args& a, ShmEngine& c);             // driver_faults.cpp
 
 namespace {
 
@@ -25,7 +25,7 @@ std::vector<size_t> reduction_sizes(const Args& a, DataType t) {
   return {0, 1, 7, 1000 / es + 3, std::min<size_t>(3 * a.buffer, 320 << 10) / es + 13};
 }
 
-void check_reductions(const Args& a, Communicator& c) {
+void check_reductions(const Args& a, ShmEngine& c) {
   const int n = a.size, r = a.rank;
   int salt = 0;
   for (DataType t : all_dtypes()) {
@@ -90,7 +90,7 @@ uint8_t pattern(int src, int dst, size_t k, int salt) {
   return static_cast<uint8_t>(src * 31 + dst * 17 + k * 13 + salt * 7 + (k >> 8));
 }
 
-void check_data_movement(const Args& a, Communicator& c) {
+void check_data_movement(const Args& a, ShmEngine& c) {
   const int n = a.size, r = a.rank;
   int salt = 0;
   for (size_t bytes : {size_t(0), size_t(1), size_t(13), size_t(4096), 3 * a.buffer + 5}) {

@@ -74,7 +74,7 @@ struct FileBootstrap : Bootstrap {
   }
 };
 
-inline std::unique_ptr<Communicator> connect(const Args& a, const std::string& suffix = "") {
+inline std::unique_ptr<ShmEngine> connect(const Args& a, const std::string& suffix = "") {
   CommConfig cfg;
   cfg.name = a.name + suffix;
   cfg.rank = a.rank;
@@ -82,7 +82,7 @@ inline std::unique_ptr<Communicator> connect(const Args& a, const std::string& s
   cfg.buffer_bytes = a.buffer;
   cfg.timeout = std::chrono::milliseconds(a.timeout_ms);
   FileBootstrap bs(a.dir, a.timeout_ms);
-  return Communicator::connect(cfg, bs);
+  return ShmEngine::connect(cfg, bs);
 }
 
 #define CHECK(cond, msg)                                                                          \

@@ -31,7 +31,7 @@ std::string expect_error(const std::function<void()>& fn, ErrorKind kind, const 
   throw std::runtime_error("expected an EngineError, none was raised");
 }
 
-void check_sum_works(Communicator& c, uint64_t seq) {
+void check_sum_works(ShmEngine& c, uint64_t seq) {
   std::vector<float> v(5, 1.0f + c.rank());
   c.all_reduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, OpInfo{"all_reduce", seq});
   float want = 0;
@@ -148,7 +148,7 @@ void run_connect_timeout(const Args& a) {
 
 }  // namespace
 
-void run_p2p(const Args& a, Communicator& c) {
+void run_p2p(const Args& a, ShmEngine& c) {
   const int n = a.size, r = a.rank, next = (r + 1) % n, prev = (r + n - 1) % n;
   const size_t big = 3 * std::min<size_t>(a.buffer, 1 << 20) + 7;  // several ring chunks
   int tag = 0;

@@ -1,0 +1,60 @@
+// GlooCommunicator: the Communicator seam over c10d's ProcessGroupGloo, built from a store. Used between
+// nodes (HierarchicalCommunicator) and, with NPUDIST_HCCL_COMMUNICATOR=gloo, for a whole group.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+
+#include "communicator.h"
+
+namespace npudist::hccl {
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // A Gloo group of `size` ranks rendezvousing on `store` (give each group its own PrefixStore).
+  static std::unique_ptr<GlooCommunicator> connect(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                   int size, std::chrono::milliseconds timeout);
+  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size);
+
+  const char* kind() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale,
+                  const OpInfo& info, const Stream& s) override;
+  void broadcast(void* buf, size_t count, DataType t, int root, const OpInfo& info, const Stream& s) override;
+  void reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale, int root,
+              const OpInfo& info, const Stream& s) override;
+  void all_gather(const void* in, void* out, size_t count, DataType t, const OpInfo& info,
+                  const Stream& s) override;
+  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale,
+                      const OpInfo& info, const Stream& s) override;
+  void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
+                  const size_t* recv_counts, const size_t* recv_offsets, DataType t, const OpInfo& info,
+                  const Stream& s) override;
+  void gather(const void* in, void* out, size_t count, DataType t, int root, const OpInfo& info,
+              const Stream& s) override;
+  void scatter(const void* in, void* out, size_t count, DataType t, int root, const OpInfo& info,
+               const Stream& s) override;
+  void barrier(const OpInfo& info, const Stream& s) override;
+  void send(const void* buf, size_t count, DataType t, int peer, int tag, const Stream& s) override;
+  void recv(void* buf, size_t count, DataType t, int peer, int tag, const Stream& s) override;
+  // Gloo cannot interrupt a wait in progress (it ends at the Gloo timeout); later calls fail at once.
+  void abort(const std::string& reason) override;
+
+ private:
+  void check_usable(const char* what);
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what);
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  int rank_, size_;
+  std::atomic<bool> aborted_{false};
+  std::mutex reason_mu_;
+  std::string abort_reason_;
+};
+
+}  // namespace npudist::hccl
