@@ -18,11 +18,11 @@
 namespace npudist {
 
 int resolve_device_index(std::optional<c10::Device> device) {
-  int idx = (device && device->has_index()) ? device->index() : runtime::current_device();
-  int n = runtime::device_count();
+  int idx = (device && device->has_index()) ? device->index() : rt::current_device();
+  int n = rt::device_count();
   TORCH_CHECK_VALUE(idx >= 0 && idx < n, "Invalid npu device index ", idx, ": this process sees ", n,
                     " npu device(s) (set by NPUDIST_DEVICE_COUNT and ASCEND_RT_VISIBLE_DEVICES)");
-  runtime::mark_initialized();  // every npu tensor is born here: the runtime is in use (is_initialized)
+  rt::api().mark_initialized();  // every npu tensor is born here: the runtime is in use (is_initialized)
   return idx;
 }
 
@@ -86,17 +86,8 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
   return at::native::_reshape_alias(self, size, stride);
 }
 
-at::Tensor as_cpu(const at::Tensor& t, const char* what) {
-  if (t.device().type() == kNpu) return cpu_alias(t);
-  TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
-  return t;
-}
-
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  // Compute is host-synchronous, so non_blocking copies complete before returning.
-  at::Tensor src_cpu = as_cpu(self, "source");
-  at::Tensor dst_cpu = as_cpu(dst, "destination");
-  dst_cpu.copy_(src_cpu, non_blocking);
+  copy_through_cpu(self, dst, non_blocking);
   return dst;
 }
 
@@ -108,7 +99,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
+c10::Scalar local_scalar_dense(const at::Tensor& self) { return read_scalar(self); }
 
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
                                c10::IntArrayRef size, c10::IntArrayRef stride) {
@@ -186,6 +177,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->key_set().has_any(kTracing)) return static_cast<int64_t>(sdp::SDPBackend::math);
   }
+  // The CPU choice reads only metadata (sizes, strides, dtypes) of the aliases, never their bytes.
   auto cpu = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t; };
   std::optional<at::Tensor> m;
   if (mask.has_value() && mask->defined()) m = cpu(*mask);
