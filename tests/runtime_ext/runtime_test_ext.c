@@ -155,11 +155,16 @@ static PyObject* reserve_map_roundtrip(PyObject* self, PyObject* args) {
   return Py_BuildValue("(iOi)", s != NPUDIST_SUCCESS ? s : r, Py_None, ok);
 }
 
-static PyObject* device_properties(PyObject* self, PyObject* args) {
+/* Parses (capsule, device). */
+static const NpudistRuntimeApi* table_and_device(PyObject* args, int* device) {
   PyObject* cap;
+  if (!PyArg_ParseTuple(args, "Oi", &cap, device)) return NULL;
+  return table(cap);
+}
+
+static PyObject* device_properties(PyObject* self, PyObject* args) {
   int device;
-  if (!PyArg_ParseTuple(args, "Oi", &cap, &device)) return NULL;
-  const NpudistRuntimeApi* api = table(cap);
+  const NpudistRuntimeApi* api = table_and_device(args, &device);
   if (!api) return NULL;
   NpudistDeviceProperties p;
   npudist_status s = api->get_device_properties(device, &p);
@@ -185,23 +190,26 @@ static PyObject* stream_create(PyObject* self, PyObject* args) {
                        api->stream_destroy(device, id));
 }
 
-static PyObject* stream_query(PyObject* self, PyObject* args) {
+/* Parses (capsule, device, stream). */
+static const NpudistRuntimeApi* table_and_stream(PyObject* args, int* device, long long* stream) {
   PyObject* cap;
+  if (!PyArg_ParseTuple(args, "OiL", &cap, device, stream)) return NULL;
+  return table(cap);
+}
+
+static PyObject* stream_query(PyObject* self, PyObject* args) {
   int device;
   long long stream;
-  if (!PyArg_ParseTuple(args, "OiL", &cap, &device, &stream)) return NULL;
-  const NpudistRuntimeApi* api = table(cap);
+  const NpudistRuntimeApi* api = table_and_stream(args, &device, &stream);
   return api ? PyLong_FromLong(api->stream_query(device, stream)) : NULL;
 }
 
 /* Record an event on (device, stream), report (query right after recording, query after synchronize,
  * elapsed ms from an event recorded before it). Releases the GIL while waiting. */
 static PyObject* event_probe(PyObject* self, PyObject* args) {
-  PyObject* cap;
   int device;
   long long stream;
-  if (!PyArg_ParseTuple(args, "OiL", &cap, &device, &stream)) return NULL;
-  const NpudistRuntimeApi* api = table(cap);
+  const NpudistRuntimeApi* api = table_and_stream(args, &device, &stream);
   if (!api) return NULL;
   NpudistEvent start = NULL, end = NULL;
   npudist_status s = api->event_create(&start);
@@ -229,10 +237,8 @@ static PyObject* event_probe(PyObject* self, PyObject* args) {
 }
 
 static PyObject* set_device_status(PyObject* self, PyObject* args) {
-  PyObject* cap;
   int device;
-  if (!PyArg_ParseTuple(args, "Oi", &cap, &device)) return NULL;
-  const NpudistRuntimeApi* api = table(cap);
+  const NpudistRuntimeApi* api = table_and_device(args, &device);
   if (!api) return NULL;
   int before = api->get_device();
   npudist_status s = api->set_device(device);
