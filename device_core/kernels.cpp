@@ -177,8 +177,15 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->key_set().has_any(kTracing)) return static_cast<int64_t>(sdp::SDPBackend::math);
   }
-  // The CPU choice reads only metadata (sizes, strides, dtypes) of the aliases, never their bytes.
-  auto cpu = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t; };
+  // CPU's choice reads only metadata of the aliases (sizes, strides, dtypes), never their bytes. It depends
+  // on requires_grad (e.g. a mask that requires grad rules out the flash kernel, which has no gradient for
+  // it), so the aliases carry it over.
+  auto cpu = [](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNpu) return t;
+    at::Tensor alias = cpu_alias(t);
+    if (t.requires_grad()) alias.set_requires_grad(true);
+    return alias;
+  };
   std::optional<at::Tensor> m;
   if (mask.has_value() && mask->defined()) m = cpu(*mask);
   return at::_fused_sdp_choice(cpu(q), cpu(k), cpu(v), m, dropout_p, is_causal, scale, enable_gqa);

@@ -129,3 +129,23 @@ def test_efficient_zero_gradient_is_an_npu_zero_tensor():
     z = torch._efficientzerotensor(3, device="npu")
     assert z._is_zerotensor() and z.device.type == "npu"
     assert torch.equal((z + 2).cpu(), torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_cross_entropy_auto_options_match_cpu(dtype):
+    """The chunked linear_cross_entropy picks accumulation by device type; npu gets the CPU's picks
+    (npudist/device/linear_ce_defaults.py), so loss and gradients equal CPU's bit for bit."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 32).to(dtype), torch.randn(100, 32).to(dtype)
+    target = torch.randint(0, 100, (16,))
+    results = []
+    for dev in ("cpu", "npu"):
+        xd, wd = x.to(dev).requires_grad_(True), w.to(dev).requires_grad_(True)
+        loss = torch.nn.functional.linear_cross_entropy(
+            xd, wd, target.to(dev), options=LinearCrossEntropyOptions())
+        results.append((loss, *torch.autograd.grad(loss, (xd, wd))))
+    for cpu, npu in zip(*results):
+        assert npu.device.type == "npu"
+        assert torch.equal(cpu, npu.cpu())

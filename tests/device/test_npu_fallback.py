@@ -139,3 +139,18 @@ def test_storage_resize_frees_and_rematerialises():
 def test_unsupported_op_is_not_implemented_error_naming_it():
     with pytest.raises(NotImplementedError, match="npudist_test::gpu_only"):
         torch.ops.npudist_test.gpu_only(torch.ones(2, device="npu"))
+
+
+def test_sdpa_with_a_mask_that_requires_grad_matches_cpu():
+    """CPU's SDPA backend choice looks at requires_grad (a mask that requires grad rules out the flash
+    kernel, which has no gradient for it); npu must make the same choice, not raise."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    mask = torch.randn(3, 6)
+    outs = []
+    for dev in ("cpu", "npu"):
+        args = [t.to(dev).requires_grad_(True) for t in (q, k, v, mask)]
+        out = torch.nn.functional.scaled_dot_product_attention(*args[:3], attn_mask=args[3])
+        outs.append((out, *torch.autograd.grad(out.sum(), args)))
+    for cpu, npu in zip(*outs):
+        assert torch.equal(cpu, npu.cpu())

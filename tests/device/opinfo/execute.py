@@ -32,6 +32,9 @@ def _to_npu(obj):
     """Copy a sample's structure to npu: tensors (keeping requires_grad), and cpu devices, also
     spelled as strings (op_db passes the device under test as 'cpu', e.g. ``to('cpu', ...)``)."""
     if isinstance(obj, torch.Tensor):
+        if (obj.requires_grad and obj.grad_fn is None and obj._base is not None and obj._base.requires_grad
+                and _copies_storage(obj)):
+            return _view_of_grad_base_on_npu(obj)
         with torch.no_grad():
             t = _same_layout_on_npu(obj.detach())
         return t.requires_grad_(obj.requires_grad) if obj.requires_grad else t
@@ -48,14 +51,34 @@ def _to_npu(obj):
     return obj
 
 
+def _view_of_grad_base_on_npu(view: torch.Tensor) -> torch.Tensor:
+    """A view taken under no_grad of a base that requires grad (istft's sample slices its window that
+    way): it reports requires_grad but has no autograd edge, so CPU autograd gives it no gradient. A
+    fresh npu leaf would get one; rebuild the same history instead so both devices see the same graph."""
+    npu_storage = _storage_on_npu(view).requires_grad_(True)  # a leaf, as the sample's base is
+    with torch.no_grad():
+        return npu_storage.as_strided(view.size(), view.stride(), view.storage_offset())
+
+
 def _same_layout_on_npu(t: torch.Tensor) -> torch.Tensor:
     """``t`` on npu with the same storage size, strides and offset: a partial, overlapping or
     expanded view stays one (``.to("npu")`` would compact it and change what the op sees)."""
-    if t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg() or t.dtype.itemsize == 0:
+    if not _copies_storage(t):
         return t.to("npu")
+    return _storage_on_npu(t).as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _copies_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be rebuilt on npu from a raw copy of its storage (not for lazy conj/neg
+    views, whose bit a raw copy would drop, nor for non-strided or quantized layouts)."""
+    return not (t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg() or t.dtype.itemsize == 0)
+
+
+def _storage_on_npu(t: torch.Tensor) -> torch.Tensor:
+    """All of ``t``'s storage, as a 1-D npu tensor of its dtype."""
     n = t.untyped_storage().nbytes() // t.element_size()
     whole = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-    return whole.to("npu").as_strided(t.size(), t.stride(), t.storage_offset())
+    return whole.detach().to("npu")
 
 
 def _mentions_npu(obj) -> bool:
