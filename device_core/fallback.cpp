@@ -33,6 +33,7 @@ namespace {
 thread_local int tls_adopt_device = -1;
 thread_local std::vector<const void*> tls_adopted;
 
+// HOST-MEMORY: CPU kernels write outputs into npu memory; a real device runs device kernels instead.
 class AdoptingCpuAllocator final : public c10::Allocator {
  public:
   explicit AdoptingCpuAllocator(c10::Allocator* base) : base_(base) { g_base_raw_deleter = base->raw_deleter(); }
@@ -83,6 +84,7 @@ bool AdoptScope::owns(const void* ptr) const {
 // ------------------------------------------------------------------------------------------------
 // Aliases and adoption
 // ------------------------------------------------------------------------------------------------
+// HOST-MEMORY: a CPU storage over the npu bytes; a real device copies to host (aclrtMemcpy D2H) or runs a device kernel.
 c10::Storage cpu_storage_alias(c10::StorageImpl* si) {
   c10::raw::intrusive_ptr::incref(si);
   c10::DataPtr dp(si->mutable_data_ptr().get(), si, &decref_storage, c10::Device(c10::kCPU));
@@ -101,6 +103,25 @@ at::Tensor cpu_alias(const at::Tensor& t, const c10::Storage* storage_alias) {
   if (t.is_neg()) impl->_set_neg(true);
   return at::Tensor(std::move(impl));
 }
+
+namespace {
+at::Tensor as_cpu(const at::Tensor& t, const char* what) {
+  if (t.device().type() == kNpu) return cpu_alias(t);
+  TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
+  return t;
+}
+}  // namespace
+
+// HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
+void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  // Compute is host-synchronous, so non_blocking copies complete before returning.
+  at::Tensor src_cpu = as_cpu(src, "source");
+  at::Tensor dst_cpu = as_cpu(dst, "destination");
+  dst_cpu.copy_(src_cpu, non_blocking);
+}
+
+// HOST-MEMORY: reads the element in place; a real device copies it to the host (aclrtMemcpy D2H) first.
+c10::Scalar read_scalar(const at::Tensor& t) { return at::_local_scalar_dense(cpu_alias(t)); }
 
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& g) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -121,7 +142,9 @@ c10::Storage adopt_storage(const c10::Storage& cpu, int device, const AdoptScope
   }
   DeviceScope ds(device);
   c10::DataPtr fresh = memory::allocator()->allocate(si->nbytes());
-  if (si->nbytes()) std::memcpy(fresh.get(), si->data(), si->nbytes());
+  if (si->nbytes()) {
+    rt::check(rt::api().memcpy(fresh.get(), si->data(), si->nbytes(), NPUDIST_MEMCPY_HOST_TO_DEVICE));
+  }
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), si->nbytes(),
                                                             std::move(fresh), memory::allocator(), true));
 }
@@ -177,7 +200,7 @@ class Fallback {
     for (size_t i = 0; i < nargs; ++i) scan(args[i], (*stack_)[begin + i]);
     TORCH_CHECK(device_ >= 0 || (pending_cpu_.empty() && !needs_generator_),
                 "npu fallback: no npu argument in ", op_.schema().operator_name());
-    if (device_ < 0) device_ = runtime::current_device();
+    if (device_ < 0) device_ = rt::current_device();
     if (!pending_cpu_.empty() && !allows_cpu_tensors(op_.schema().operator_name())) {
       fail_device_mismatch(op_, pending_cpu_.front().first, pending_cpu_.front().second, device_);
     }

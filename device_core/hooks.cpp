@@ -78,16 +78,16 @@ struct NpuGeneratorImpl final : public c10::GeneratorImpl {
   }
 };
 
-std::array<at::Generator, runtime::kMaxDevices> g_default_gens;
-std::once_flag g_gen_once[runtime::kMaxDevices];
+std::array<at::Generator, NPUDIST_MAX_DEVICES> g_default_gens;
+std::once_flag g_gen_once[NPUDIST_MAX_DEVICES];
 
 NpuGeneratorImpl* as_npu(c10::GeneratorImpl* g) { return static_cast<NpuGeneratorImpl*>(g); }
 
 }  // namespace
 
 const at::Generator& default_npu_generator(int device) {
-  int idx = device < 0 ? runtime::current_device() : device;
-  runtime::check_device(idx);
+  int idx = device < 0 ? rt::current_device() : device;
+  rt::check_device(idx);
   std::call_once(g_gen_once[idx], [idx] {
     g_default_gens[idx] = at::make_generator<NpuGeneratorImpl>(static_cast<c10::DeviceIndex>(idx));
   });
@@ -95,8 +95,8 @@ const at::Generator& default_npu_generator(int device) {
 }
 
 at::Generator new_npu_generator(int device) {
-  int idx = device < 0 ? runtime::current_device() : device;
-  runtime::check_device(idx);
+  int idx = device < 0 ? rt::current_device() : device;
+  rt::check_device(idx);
   return at::make_generator<NpuGeneratorImpl>(static_cast<c10::DeviceIndex>(idx));
 }
 
@@ -168,18 +168,18 @@ bool is_pinned_ptr(const void* ptr) {
 
 struct NpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return runtime::device_count() > 0; }
-  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(runtime::device_count()); }
+  bool isAvailable() const override { return rt::device_count() > 0; }
+  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(rt::device_count()); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_checked(d); }
-  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(runtime::current_device()); }
+  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(rt::current_device()); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
     auto old = getCurrentDevice();
     if (d >= 0) set_checked(d);
     return old;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
-  bool hasPrimaryContext(c10::DeviceIndex d) const override { return d >= 0 && d < runtime::device_count(); }
-  void init() const override { runtime::mark_initialized(); }
+  bool hasPrimaryContext(c10::DeviceIndex d) const override { return d >= 0 && d < rt::device_count(); }
+  void init() const override { rt::api().mark_initialized(); }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override { return default_npu_generator(d); }
   at::Generator getNewGenerator(c10::DeviceIndex d) const override { return new_npu_generator(d); }
@@ -198,10 +198,10 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
 
  private:
   static void set_checked(c10::DeviceIndex d) {
-    int n = runtime::device_count();
+    int n = rt::device_count();
     TORCH_CHECK_VALUE(d >= 0 && d < n, "Invalid npu device index ", static_cast<int>(d), ": this process sees ", n,
                       " npu device(s)");
-    runtime::set_current_device(d);
+    rt::set_device(d);
   }
 };
 
@@ -214,7 +214,9 @@ void resize_npu_storage(c10::StorageImpl* s, size_t nbytes) {
   DeviceScope ds(dev);
   c10::DataPtr fresh = nbytes ? memory::allocator()->allocate(nbytes) : c10::DataPtr(nullptr, s->device());
   size_t keep = std::min(nbytes, s->nbytes());
-  if (keep && s->data_ptr().get()) std::memcpy(fresh.get(), s->data_ptr().get(), keep);
+  if (keep && s->data_ptr().get()) {
+    rt::check(rt::api().memcpy(fresh.get(), s->data_ptr().get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
+  }
   s->set_data_ptr_noswap(std::move(fresh));
   s->set_nbytes(nbytes);
 }

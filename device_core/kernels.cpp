@@ -18,11 +18,11 @@
 namespace npudist {
 
 int resolve_device_index(std::optional<c10::Device> device) {
-  int idx = (device && device->has_index()) ? device->index() : runtime::current_device();
-  int n = runtime::device_count();
+  int idx = (device && device->has_index()) ? device->index() : rt::current_device();
+  int n = rt::device_count();
   TORCH_CHECK_VALUE(idx >= 0 && idx < n, "Invalid npu device index ", idx, ": this process sees ", n,
                     " npu device(s) (set by NPUDIST_DEVICE_COUNT and ASCEND_RT_VISIBLE_DEVICES)");
-  runtime::mark_initialized();  // every npu tensor is born here: the runtime is in use (is_initialized)
+  rt::api().mark_initialized();  // every npu tensor is born here: the runtime is in use (is_initialized)
   return idx;
 }
 
@@ -86,17 +86,8 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
   return at::native::_reshape_alias(self, size, stride);
 }
 
-at::Tensor as_cpu(const at::Tensor& t, const char* what) {
-  if (t.device().type() == kNpu) return cpu_alias(t);
-  TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
-  return t;
-}
-
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  // Compute is host-synchronous, so non_blocking copies complete before returning.
-  at::Tensor src_cpu = as_cpu(self, "source");
-  at::Tensor dst_cpu = as_cpu(dst, "destination");
-  dst_cpu.copy_(src_cpu, non_blocking);
+  copy_through_cpu(self, dst, non_blocking);
   return dst;
 }
 
@@ -108,7 +99,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
+c10::Scalar local_scalar_dense(const at::Tensor& self) { return read_scalar(self); }
 
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
                                c10::IntArrayRef size, c10::IntArrayRef stride) {
@@ -186,8 +177,9 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->key_set().has_any(kTracing)) return static_cast<int64_t>(sdp::SDPBackend::math);
   }
-  // CPU's choice depends on requires_grad (e.g. a mask that requires grad rules out the flash kernel,
-  // which has no gradient for it), so the aliases carry it over.
+  // CPU's choice reads only metadata of the aliases (sizes, strides, dtypes), never their bytes. It depends
+  // on requires_grad (e.g. a mask that requires grad rules out the flash kernel, which has no gradient for
+  // it), so the aliases carry it over.
   auto cpu = [](const at::Tensor& t) {
     if (!t.defined() || t.device().type() != kNpu) return t;
     at::Tensor alias = cpu_alias(t);

@@ -5,7 +5,7 @@
 
 #include <mutex>
 
-#include "runtime_internal.h"
+#include "npu_runtime.h"
 
 namespace npudist {
 
@@ -16,11 +16,11 @@ inline c10::Device npu_device(int index) { return c10::Device(kNpu, static_cast<
 // Makes `index` the calling thread's current npu device for a scope (what the allocator allocates on).
 class DeviceScope {
  public:
-  explicit DeviceScope(int index) : prev_(runtime::current_device()) {
-    if (index >= 0 && index != prev_) runtime::set_current_device(index);
+  explicit DeviceScope(int index) : prev_(rt::current_device()) {
+    if (index >= 0 && index != prev_) rt::set_device(index);
   }
   ~DeviceScope() {
-    if (runtime::current_device() != prev_) runtime::set_current_device(prev_);
+    if (rt::current_device() != prev_) rt::set_device(prev_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
@@ -38,6 +38,12 @@ int resolve_device_index(std::optional<c10::Device> device);
 at::Tensor cpu_alias(const at::Tensor& t, const c10::Storage* storage_alias = nullptr);
 // The CPU storage that cpu_alias would build for `npu_storage`.
 c10::Storage cpu_storage_alias(c10::StorageImpl* npu_storage);
+
+// Copy between npu tensors or between npu and CPU tensors with the CPU copy kernel over cpu_alias views
+// (any strides, dtype conversion, conj/neg bits). Other devices are an error naming them.
+void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking);
+// The value of a one-element npu tensor (.item()).
+c10::Scalar read_scalar(const at::Tensor& t);
 
 // An npu tensor over `storage` (which must already be an npu storage) with the given geometry.
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& geometry_like);
@@ -68,7 +74,7 @@ size_t register_cpu_kernel_redirects();
 // came from the npu allocator within `scope`, otherwise copy into fresh npu memory.
 c10::Storage adopt_storage(const c10::Storage& cpu_storage, int device, const AdoptScope& scope);
 
-// RNG (generator.cpp): per-device npu generators; a random CPU kernel runs with a CPU generator seeded
+// RNG (hooks.cpp): per-device npu generators; a random CPU kernel runs with a CPU generator seeded
 // from the npu generator's (seed, offset), after which the offset advances.
 c10::GeneratorImpl* npu_generator_for(const std::optional<at::Generator>& gen, int device);
 std::mutex& npu_generator_mutex(c10::GeneratorImpl* gen);

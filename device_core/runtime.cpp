@@ -1,13 +1,12 @@
 // The emulated NPU runtime (torch-free): device configuration from the environment, the thread's current
 // device and streams, per-stream host-function queues run by lazily started worker threads, markers
-// (the substance of events) and the plain-C function table for the hccl extension.
+// (the substance of events). The C table over all of it is runtime_c_api.cpp.
 //
 // Compute is host-synchronous, so a stream only holds *host functions* enqueued by other components.
 // A stream's worker runs them in order; a marker recorded on a stream is done once everything enqueued
 // before it has run. Waits spin briefly, then yield, then sleep (the machine has fewer cores than the
 // threads that wait), and every sleep is bounded so a lost wake-up costs at most a millisecond.
 #include "runtime_internal.h"
-#include "allocator/host_memory.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -405,23 +404,5 @@ void device_synchronize(int device) {
     if (g_streams[device][s].load(std::memory_order_acquire)) stream_synchronize(device, s);
   }
 }
-
-// ---------------------------------------------------------------------------------------------------
-// Plain-C table for npudist.hccl._C
-// ---------------------------------------------------------------------------------------------------
-namespace {
-void c_launch(int device, int64_t stream, npudist_host_fn fn, void* arg) { launch_host_func(device, stream, fn, arg); }
-void c_sync(int device, int64_t stream) { stream_synchronize(device, stream); }
-int c_query(int device, int64_t stream) { return stream_query(device, stream) ? 1 : 0; }
-int c_shared_lookup(const void* ptr, uint64_t bytes, NpudistSharedRef* ref) {
-  npudist::alloc::SharedSegmentRef r{};
-  if (!ref || !npudist::alloc::lookup_shared_segment(ptr, bytes, &r)) return 0;
-  *ref = NpudistSharedRef{r.fd, r.id, r.size, r.offset, r.epoch};
-  return 1;
-}
-const NpudistRuntimeApi g_api = {NPUDIST_RUNTIME_API_VERSION, &c_launch, &c_sync, &c_query, &c_shared_lookup};
-}  // namespace
-
-const NpudistRuntimeApi* c_api() { return &g_api; }
 
 }  // namespace npudist::runtime

@@ -1,14 +1,22 @@
-// device_core-internal additions to the runtime contract (npudist/runtime.h): configuration parsing,
-// setters, stream pool, event timing, the C function table. Torch-free.
+// The emulated runtime's C++ internals (torch-free), shared by runtime.cpp (devices, streams, markers),
+// runtime_memory.cpp (device memory on host mappings) and runtime_c_api.cpp (the C table). Nothing outside
+// the runtime includes this: the allocator and the aten glue use npudist/runtime_c_api.h.
+//
+// Model: compute is host-synchronous (like ASCEND_LAUNCH_BLOCKING=1). A stream additionally owns an
+// in-order queue of *host functions* that other components (the hccl backend) enqueue; those run
+// asynchronously on the stream's worker thread. A marker recorded on a stream is done once every host
+// function enqueued on that stream before it has run (immediately, if the queue is empty).
 #pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 
-#include "npudist/runtime.h"
 #include "npudist/runtime_c_api.h"
 
 namespace npudist::runtime {
 
-constexpr int kMaxDevices = 64;
+constexpr int kMaxDevices = NPUDIST_MAX_DEVICES;
 // Stream ids per device: 0 = default stream, 1..kPoolSize low priority, kPoolSize+1..2*kPoolSize high.
 constexpr int64_t kPoolSize = 32;
 constexpr int64_t kStreamsPerDevice = 1 + 2 * kPoolSize;
@@ -16,12 +24,18 @@ constexpr int64_t kStreamsPerDevice = 1 + 2 * kPoolSize;
 // Throws std::invalid_argument naming the variable when the environment is malformed.
 void validate_config();
 size_t parse_size(const std::string& raw, const char* var);
+// Visible devices in this process (NPUDIST_DEVICE_COUNT filtered by ASCEND_RT_VISIBLE_DEVICES).
+int device_count();
+// Per-device memory capacity in bytes (NPUDIST_DEVICE_MEMORY, an accounting limit).
+size_t device_capacity(int device);
 // Throws std::out_of_range for an index outside 0..device_count()-1.
 void check_device(int device);
 void check_stream(int64_t stream);
 int physical_device(int device);
 
+int current_device();
 void set_current_device(int device);
+int64_t current_stream(int device);
 void set_current_stream(int device, int64_t stream);
 bool is_initialized();
 void mark_initialized();
@@ -29,19 +43,40 @@ void mark_initialized();
 int64_t pool_stream(int device, bool high_priority);
 int stream_priority(int64_t stream);
 
+struct Marker;  // opaque
+using MarkerPtr = std::shared_ptr<Marker>;
+MarkerPtr record_marker(int device, int64_t stream);
+bool marker_done(const MarkerPtr& m);
+void marker_wait(const MarkerPtr& m);  // blocks the calling thread (spin -> yield -> sleep)
+double marker_elapsed_ms(const MarkerPtr& start, const MarkerPtr& end);
+
+// Enqueue fn(arg) to run after all work previously enqueued on (device, stream). fn must not throw.
+void launch_host_func(int device, int64_t stream, void (*fn)(void*), void* arg);
 bool stream_query(int device, int64_t stream);
 void stream_synchronize(int device, int64_t stream);
 void device_synchronize(int device);
-double marker_elapsed_ms(const MarkerPtr& start, const MarkerPtr& end);
 
-const NpudistRuntimeApi* c_api();
-
-// Called around every blocking wait on a marker: module.cpp releases the Python GIL if the waiting
-// thread holds it (torch.Event.wait / Stream.synchronize do not release it themselves).
+// Called around every blocking wait on a marker (the Python extension releases the GIL there).
 struct BlockingHooks {
   void* (*before)() = nullptr;
   void (*after)(void* token) = nullptr;
 };
 void set_blocking_hooks(BlockingHooks hooks);
+
+// ---- Device memory (runtime_memory.cpp): page-aligned host mappings ----
+// Fixed segments are shared mappings of a memfd (unless NPUDIST_SHARED_DEVICE_MEMORY=0 or memfd_create
+// fails, e.g. out of file descriptors: then private anonymous memory). Peers of the hccl engine on the same
+// host map them and read/write tensors in place, which makes large collectives on npu tensors one copy
+// per byte instead of two (as CUDA IPC does for NCCL). A forked child gets private copy-on-write views of
+// them, so npu memory behaves across fork as anonymous memory does. nullptr when the host refuses.
+void* map_fixed_segment(size_t size);
+void unmap_fixed_segment(void* ptr, size_t size);
+// True (and *ref filled) if [ptr, ptr + bytes) lies inside one shareable fixed segment.
+bool lookup_shared_segment(const void* ptr, size_t bytes, NpudistSharedRef* ref);
+// Address space without memory (nullptr on failure); pages are committed/decommitted inside it.
+void* reserve_address(size_t size);
+void release_address(void* base, size_t size);
+bool commit_pages(void* ptr, size_t size);
+void decommit_pages(void* ptr, size_t size);
 
 }  // namespace npudist::runtime

@@ -4,6 +4,8 @@
 """
 import copy
 import io
+import os
+import sys
 import time
 
 import torch
@@ -11,7 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import npudist  # noqa: F401  (registers torch.npu)
-from npudist import _C
+
+# The tests' helper that enqueues host work on a stream through the runtime's C table (what the hccl backend
+# does with collectives); npudist itself offers no such call.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from runtime_ext import launch_host_fill  # noqa: E402
 
 
 def main() -> None:
@@ -37,7 +43,7 @@ def main() -> None:
 
     side = torch.npu.Stream()
     buf = torch.zeros(4, device="npu")
-    _C._launch_host_fill(buf, 1.0, 100_000, side.stream_id)  # 100 ms of asynchronous work on `side`
+    launch_host_fill(buf, 1.0, 100_000, side.stream_id)  # 100 ms of asynchronous work on `side`
     done = side.record_event()
     print(f"async work enqueued; event complete yet: {done.query()}")
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 // NPU caching allocator core: pools, rounding, split/merge, per-stream reuse, stats, history.
-// Plain C++17 without torch headers (unit-tested directly by tests/allocator/core_test.cpp); the torch
+// Plain C++17 without torch headers (unit-tested directly by tests/allocator/core_test_*.cpp); the torch
 // adapter (npu_caching_allocator.cpp) wraps it as a c10::DeviceAllocator. Modelled on PyTorch's
-// CUDACachingAllocator / torch_npu's NPUCachingAllocator, over host memory (host_memory.h).
+// CUDACachingAllocator / torch_npu's NPUCachingAllocator, over the device memory DeviceHooks provides.
 #pragma once
 #include <array>
 #include <atomic>
@@ -32,6 +32,15 @@ class DeviceHooks {
   virtual std::shared_ptr<void> record_marker(int device, int64_t stream) = 0;
   virtual bool marker_done(const std::shared_ptr<void>& marker) = 0;
   virtual void marker_wait(const std::shared_ptr<void>& marker) = 0;
+  // Device memory: a fixed segment (nullptr when the device cannot provide it) ...
+  virtual void* map_segment(int device, size_t size) = 0;
+  virtual void unmap_segment(void* ptr, size_t size) = 0;
+  // ... or address space (nullptr on failure) in which granularity-aligned page ranges are committed
+  // (false if the device refuses) and decommitted.
+  virtual void* reserve_address(size_t size) = 0;
+  virtual void release_address(void* base, size_t size) = 0;
+  virtual bool commit_pages(void* ptr, size_t size) = 0;
+  virtual void decommit_pages(void* ptr, size_t size) = 0;
 };
 
 struct Stat {

@@ -1,4 +1,4 @@
-// Allocation and free paths of one device: the CUDA caching allocator's algorithm over host memory.
+// Allocation and free paths of one device: the CUDA caching allocator's algorithm over DeviceHooks memory.
 #include "device_allocator.h"
 
 #include <algorithm>
@@ -20,7 +20,7 @@ DeviceAllocator::~DeviceAllocator() {
     if (!b->expandable && !b->prev) {
       size_t total = 0;
       for (Block* x = b; x; x = x->next) total += x->size;
-      unmap_fixed_segment(b->ptr, total);
+      hooks_->unmap_segment(b->ptr, total);
     }
   }
   for (Block* b : all_blocks()) delete b;
@@ -90,7 +90,7 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
     if (fraction_set_ && total_reserved_ + size <= capacity_) stats_.num_oom_rejections += 1;
     return false;
   }
-  void* ptr = map_fixed_segment(size);
+  void* ptr = hooks_->map_segment(device_, size);
   if (!ptr) return false;
   total_reserved_ += size;
   Block* b = new Block(device_, p.stream, size, p.pool, static_cast<char*>(ptr));
@@ -327,7 +327,7 @@ void DeviceAllocator::release_blocks(BlockPool* pool, const Context& ctx) {
 
 void DeviceAllocator::release_block(Block* block, const Context& ctx) {
   assert(!block->is_split() && !block->expandable);
-  unmap_fixed_segment(block->ptr, block->size);
+  hooks_->unmap_segment(block->ptr, block->size);
   total_reserved_ -= block->size;
   for (size_t t : stat_types(block->pool)) {
     stats_.segment[t].decrease(1);

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "caching_allocator.h"
-#include "host_memory.h"
+#include "expandable_region.h"
 
 namespace npudist::alloc {
 

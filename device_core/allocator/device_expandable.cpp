@@ -14,7 +14,7 @@ ExpandableSegment* DeviceAllocator::expandable_for(int64_t stream, BlockPool* po
   // Reserve the whole device capacity: address space is cheap, so one segment can grow to the limit.
   auto seg = std::make_unique<ExpandableSegment>();
   size_t va = std::max(kExpandableGranularity, capacity_);
-  seg->region = std::make_unique<ExpandableRegion>(va, kExpandableGranularity);
+  seg->region = std::make_unique<ExpandableRegion>(hooks_, va, kExpandableGranularity);
   seg->stream = stream;
   seg->pool = pool;
   Block* all = new Block(device_, stream, seg->region->va_size(), pool, seg->region->base());

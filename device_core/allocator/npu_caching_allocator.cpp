@@ -16,7 +16,7 @@
 #include <unordered_map>
 
 #include "caching_allocator.h"
-#include "npudist/runtime.h"
+#include "npu_runtime.h"
 
 // From torch/csrc/profiler/python/combined_traceback.h (exported by libtorch_python), declared here
 // because that header needs nlohmann/json.hpp, which torch wheels do not ship.
@@ -28,19 +28,43 @@ void installCapturedTracebackPython();
 namespace npudist::memory {
 namespace {
 
-namespace rt = npudist::runtime;
 using alloc::CachingAllocator;
 
+// The core's device: the runtime's C table. Markers are runtime events owned by a shared_ptr.
 struct RuntimeHooks final : alloc::DeviceHooks {
   int device_count() override { return rt::device_count(); }
-  size_t device_capacity(int d) override { return rt::device_capacity(d); }
-  std::shared_ptr<void> record_marker(int d, int64_t s) override { return rt::record_marker(d, s); }
+  size_t device_capacity(int d) override {
+    NpudistDeviceProperties p{};
+    rt::check(rt::api().get_device_properties(d, &p));
+    return p.total_memory;
+  }
+  std::shared_ptr<void> record_marker(int d, int64_t s) override {
+    NpudistEvent e = nullptr;
+    rt::check(rt::api().event_create(&e));
+    std::shared_ptr<void> marker(e, [](void* ev) { rt::api().event_destroy(static_cast<NpudistEvent>(ev)); });
+    rt::check(rt::api().event_record(e, d, s));
+    return marker;
+  }
   bool marker_done(const std::shared_ptr<void>& m) override {
-    return rt::marker_done(std::static_pointer_cast<rt::Marker>(m));
+    return rt::api().event_query(static_cast<NpudistEvent>(m.get())) != 0;
   }
   void marker_wait(const std::shared_ptr<void>& m) override {
-    rt::marker_wait(std::static_pointer_cast<rt::Marker>(m));
+    rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(m.get())));
   }
+  void* map_segment(int d, size_t size) override {
+    void* p = nullptr;
+    return rt::api().malloc(d, size, &p) == NPUDIST_SUCCESS ? p : nullptr;
+  }
+  void unmap_segment(void* ptr, size_t size) override { rt::api().free(ptr, size); }
+  void* reserve_address(size_t size) override {
+    void* p = nullptr;
+    return rt::api().reserve_address(size, &p) == NPUDIST_SUCCESS ? p : nullptr;
+  }
+  void release_address(void* base, size_t size) override { rt::api().release_address(base, size); }
+  bool commit_pages(void* ptr, size_t size) override {
+    return rt::api().map_memory(ptr, size) == NPUDIST_SUCCESS;
+  }
+  void decommit_pages(void* ptr, size_t size) override { rt::api().unmap_memory(ptr, size); }
 };
 
 // ---- the core, created on first use (device configuration and env are read then) and never destroyed:
@@ -187,7 +211,7 @@ class NpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     int dev = rt::current_device();
-    void* p = raw_alloc(n, dev, rt::current_stream(dev));
+    void* p = raw_alloc(n, dev, rt::api().get_stream(dev));
     return {p, p, &raw_delete, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }

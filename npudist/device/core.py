@@ -8,7 +8,6 @@ import torch
 
 from npudist import _C
 
-_DEVICE_NAME = "npudist emulated NPU"
 
 
 def is_available() -> bool:
@@ -120,8 +119,8 @@ class NpuDeviceProperties:
 def get_device_properties(device: Any = None) -> NpuDeviceProperties:
     """Name and capacity (NPUDIST_DEVICE_MEMORY) of an npu device."""
     idx = _checked_index(device)
-    return NpuDeviceProperties(name=_DEVICE_NAME, total_memory=_C._device_capacity(idx), index=idx,
-                               physical_index=_C._physical_device(idx))
+    name, total_memory, physical_index = _C._device_properties(idx)
+    return NpuDeviceProperties(name=name, total_memory=total_memory, index=idx, physical_index=physical_index)
 
 
 def get_device_name(device: Any = None) -> str:

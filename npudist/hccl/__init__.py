@@ -74,7 +74,7 @@ def _hand_over_runtime() -> None:
         return
     api = getattr(device_ext, "_runtime_api", None)
     if api is not None:
-        _C._set_runtime_api(int(api()))
+        _C._set_runtime_api(api())
         _runtime_handed_over = True
 
 

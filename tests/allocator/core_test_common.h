@@ -1,6 +1,8 @@
 // Shared helpers of the allocator core unit tests (core_test_*.cpp): checks, faked device hooks, an
 // allocator environment, the stats/snapshot invariant, and the test registry used by core_test_main.cpp.
 #pragma once
+#include <sys/mman.h>
+
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -70,6 +72,21 @@ struct FakeHooks : DeviceHooks {
   void marker_wait(const std::shared_ptr<void>& m) override {
     ++waits;
     static_cast<FakeMarker*>(m.get())->done = true;
+  }
+  // Device memory faked with host mappings (what the emulated runtime does, without shareable segments).
+  void* map_segment(int, size_t size) override {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  void unmap_segment(void* ptr, size_t size) override { munmap(ptr, size); }
+  void* reserve_address(size_t size) override {
+    void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  void release_address(void* base, size_t size) override { munmap(base, size); }
+  bool commit_pages(void* ptr, size_t size) override { return mprotect(ptr, size, PROT_READ | PROT_WRITE) == 0; }
+  void decommit_pages(void* ptr, size_t size) override {
+    mmap(ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   }
 };
 

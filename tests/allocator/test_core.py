@@ -12,7 +12,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ALLOC = os.path.join(ROOT, "device_core", "allocator")
-CORE_SOURCES = ["alloc_config.cpp", "host_memory.cpp", "caching_allocator.cpp", "device_allocator.cpp",
+CORE_SOURCES = ["alloc_config.cpp", "expandable_region.cpp", "caching_allocator.cpp", "device_allocator.cpp",
                 "device_expandable.cpp", "device_info.cpp"]
 TEST_SRCS = sorted(glob.glob(os.path.join(HERE, "core_test_*.cpp")))
 

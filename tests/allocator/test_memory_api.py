@@ -2,12 +2,15 @@
 stream reuse and record_stream, limits and configuration."""
 import collections
 import itertools
+import os
+import sys
 
 import pytest
 import torch
 
 import npudist  # noqa: F401
-from npudist import _C
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from runtime_ext import launch_host_fill  # noqa: E402
 
 MiB = 1 << 20
 
@@ -115,7 +118,7 @@ def test_record_stream_delays_reuse_until_stream_passes():
     n = 512 * 1024
     s = torch.npu.Stream()
     busy = torch.zeros(16, device="npu")
-    _C._launch_host_fill(busy, 1.0, 300_000, s.stream_id)  # s is busy for ~0.3 s
+    launch_host_fill(busy, 1.0, 300_000, s.stream_id)  # s is busy for ~0.3 s
     x = torch.empty(n, dtype=torch.uint8, device="npu")
     px = x.data_ptr()
     x.record_stream(s)  # x is (notionally) used by work queued on s
@@ -138,7 +141,7 @@ def test_empty_cache_waits_for_recorded_streams():
     s = torch.npu.Stream()
     busy = torch.zeros(16, device="npu")
     x = torch.empty(n, dtype=torch.uint8, device="npu")
-    _C._launch_host_fill(busy, 2.0, 200_000, s.stream_id)
+    launch_host_fill(busy, 2.0, 200_000, s.stream_id)
     x.record_stream(s)
     del x
     pending = [b for seg in torch.npu.memory._snapshot()["segments"] for b in seg["blocks"]

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from npudist import _C
 
 _seen = {}
 _lib = torch.library.Library("npudist_test", "DEF")
 _lib.define("probe(Tensor x) -> Tensor")
 _lib.define("gpu_only(Tensor x) -> Tensor")
+_lib.define("probe_fill_(Tensor(a!) x) -> Tensor(a!)")
 
 
 def _probe_cpu(x):
@@ -31,11 +31,19 @@ def test_cpu_kernel_runs_on_the_npu_bytes():
     assert torch.equal(y.cpu(), torch.tensor([[2.0, 4.0], [8.0, 10.0]]))
 
 
+def _probe_fill_cpu(x):
+    _seen["alias"] = (x.device, x.data_ptr(), x.stride())
+    return x.fill_(1.0)
+
+
+_lib.impl("probe_fill_", _probe_fill_cpu, "CPU")
+
+
 def test_cpu_alias_shares_data_pointer():
     x = torch.randn(4, 4, device="npu")
-    alias = _C._cpu_alias(x.t())
-    assert alias.device.type == "cpu" and alias.data_ptr() == x.data_ptr() and alias.stride() == (1, 4)
-    alias.fill_(1.0)
+    y = torch.ops.npudist_test.probe_fill_(x.t())  # the CPU kernel gets the fallback's CPU alias of x.t()
+    assert _seen["alias"] == (torch.device("cpu"), x.data_ptr(), (1, 4))
+    assert y.device == x.device and y.data_ptr() == x.data_ptr()
     assert torch.equal(x.cpu(), torch.ones(4, 4))
 
 

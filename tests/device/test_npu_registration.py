@@ -35,14 +35,6 @@ def test_generated_methods():
     assert torch.equal(n.cpu(), t)
 
 
-def test_runtime_api_address():
-    import ctypes
-    addr = npudist._C._runtime_api()
-    assert isinstance(addr, int) and addr != 0
-    version = ctypes.c_uint32.from_address(addr).value
-    assert version == 2  # 2: adds shared_memory_lookup (zero-copy collectives)
-
-
 def test_printing_and_pickle():
     t = torch.tensor([1.5, -2.0], device="npu")
     r = repr(t)

@@ -3,7 +3,7 @@ import time
 
 import torch
 
-from npudist import _C
+from runtime_ext import launch_host_fill
 
 
 def test_stream_api_shapes():
@@ -31,7 +31,7 @@ def test_event_completes_when_stream_passes_it():
     start = torch.npu.Event(enable_timing=True)
     end = torch.npu.Event(enable_timing=True)
     start.record(s)
-    _C._launch_host_fill(t, 7.0, 200_000, s.stream_id)  # 200 ms of asynchronous "device" work
+    launch_host_fill(t, 7.0, 200_000, s.stream_id)  # 200 ms of asynchronous "device" work
     end.record(s)
     assert not end.query() and not s.query()
     end.synchronize()
@@ -43,7 +43,7 @@ def test_event_completes_when_stream_passes_it():
 def test_wait_stream_orders_later_compute():
     side = torch.npu.Stream()
     t = torch.zeros(1000, device="npu")
-    _C._launch_host_fill(t, 3.0, 100_000, side.stream_id)
+    launch_host_fill(t, 3.0, 100_000, side.stream_id)
     t0 = time.monotonic()
     torch.npu.current_stream().wait_stream(side)  # later host compute must see the fill
     assert time.monotonic() - t0 >= 0.05
@@ -53,11 +53,11 @@ def test_wait_stream_orders_later_compute():
 def test_wait_event_and_synchronize():
     s = torch.npu.Stream(device=1)
     t = torch.zeros(8, device="npu:1")
-    _C._launch_host_fill(t, 1.0, 50_000, s.stream_id)
+    launch_host_fill(t, 1.0, 50_000, s.stream_id)
     e = s.record_event()
     torch.npu.current_stream(1).wait_event(e)
     assert e.query() and t.sum().item() == 8.0
-    _C._launch_host_fill(t, 2.0, 50_000, s.stream_id)
+    launch_host_fill(t, 2.0, 50_000, s.stream_id)
     torch.npu.synchronize(1)
     assert s.query() and t.sum().item() == 16.0
 
@@ -66,7 +66,7 @@ def test_host_work_runs_in_order():
     s = torch.npu.Stream()
     t = torch.zeros(1, device="npu")
     for i in range(20):
-        _C._launch_host_fill(t, float(i), 1000 if i % 2 else 0, s.stream_id)
+        launch_host_fill(t, float(i), 1000 if i % 2 else 0, s.stream_id)
     s.synchronize()
     assert t.item() == 19.0
 

@@ -1,7 +1,16 @@
-// Plain-C function table through which a separately built extension (npudist.hccl._C) reaches the
-// device runtime without linking against npudist._C (Python extensions are loaded RTLD_LOCAL).
-// Obtained in Python as `npudist._C._runtime_api()` (an integer address) and handed to the other
-// extension once at import time. Modelled on aclrtLaunchCallback / cudaLaunchHostFunc.
+// The npu device runtime as a plain-C ABI: the one seam between device_core's torch glue / caching
+// allocator / npudist.hccl and the runtime that owns devices, memory, streams and events. The emulated
+// runtime (device_core/runtime*.cpp, host memory) implements it; an ACL-based runtime would be a second
+// implementation of the same table (docs/backends.md, "Adding a real Ascend backend", maps each entry to
+// its ACL call).
+//
+// Inside npudist._C the glue reaches the table through npudist_runtime_api(). A separately built extension
+// (npudist.hccl._C; Python extensions are loaded RTLD_LOCAL) receives the same table from Python as the
+// PyCapsule `npudist._C._runtime_api()`, named NPUDIST_RUNTIME_API_CAPSULE, and checks `version`.
+//
+// Conventions: functions returning npudist_status return NPUDIST_SUCCESS (0) or an error code, and then
+// last_error() describes the failure (per thread, like aclGetRecentErrMsg). No function lets a C++
+// exception escape. Stream ids are small integers per device: 0 is the device's default stream.
 #pragma once
 #include <stdint.h>
 
@@ -9,11 +18,31 @@
 extern "C" {
 #endif
 
-#define NPUDIST_RUNTIME_API_VERSION 2
+// 3: status codes; memory, copies, streams, events and device properties joined the table.
+#define NPUDIST_RUNTIME_API_VERSION 3
+#define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
+#define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
+
+typedef int npudist_status;
+enum {
+  NPUDIST_SUCCESS = 0,
+  NPUDIST_ERROR_INVALID_VALUE = 1,   // a malformed argument or environment variable
+  NPUDIST_ERROR_INVALID_DEVICE = 2,  // device index or stream id out of range
+  NPUDIST_ERROR_OUT_OF_MEMORY = 3,   // the host/device cannot provide the memory
+  NPUDIST_ERROR_NOT_READY = 4,       // an event was not recorded or has not completed
+  NPUDIST_ERROR_INTERNAL = 5
+};
+
+typedef enum NpudistMemcpyKind {
+  NPUDIST_MEMCPY_HOST_TO_HOST = 0,
+  NPUDIST_MEMCPY_HOST_TO_DEVICE = 1,
+  NPUDIST_MEMCPY_DEVICE_TO_HOST = 2,
+  NPUDIST_MEMCPY_DEVICE_TO_DEVICE = 3
+} NpudistMemcpyKind;
 
 typedef void (*npudist_host_fn)(void* arg);
 
-// Where a buffer lives inside a shareable device segment (a memfd mapping, see host_memory.h): a peer
+// Where a buffer lives inside a shareable device segment (a memfd mapping in the emulated runtime): a peer
 // process on the same host maps it through /proc/<pid>/fd/<fd> and reads/writes the bytes directly.
 typedef struct NpudistSharedRef {
   int32_t fd;             // the segment's memfd in the owning process
@@ -23,18 +52,84 @@ typedef struct NpudistSharedRef {
   uint64_t epoch;         // how many shareable segments the process has released so far
 } NpudistSharedRef;
 
+typedef struct NpudistDeviceProperties {
+  char name[64];
+  uint64_t total_memory;   // bytes
+  int32_t physical_index;  // index before ASCEND_RT_VISIBLE_DEVICES renumbering
+} NpudistDeviceProperties;
+
+typedef struct NpudistEvent_* NpudistEvent;  // opaque
+
+// Called around every blocking wait (stream/event synchronize): the Python extension releases the GIL so
+// that host functions needing it can run.
+typedef void* (*npudist_before_block_fn)(void);
+typedef void (*npudist_after_block_fn)(void* token);
+
 typedef struct NpudistRuntimeApi {
   uint32_t version;  // NPUDIST_RUNTIME_API_VERSION
+
+  // --- Streams: host functions (the first four entries keep their version-2 positions) ---
   // Run fn(arg) on the stream's worker after all work enqueued before it (async w.r.t. the caller).
-  // fn runs on a worker thread; a host blocked waiting for the stream has released the Python GIL.
-  void (*launch_host_func)(int device, int64_t stream_id, npudist_host_fn fn, void* arg);
+  // fn runs on a worker thread and must not throw.
+  npudist_status (*launch_host_func)(int device, int64_t stream, npudist_host_fn fn, void* arg);
   // Block the calling thread until all work enqueued on the stream so far has run.
-  void (*stream_synchronize)(int device, int64_t stream_id);
-  // 1 if the stream's queue is empty (nothing pending), else 0.
-  int (*stream_query)(int device, int64_t stream_id);
+  npudist_status (*stream_synchronize)(int device, int64_t stream);
+  // 1 if nothing is pending on the stream, 0 if work is pending, -1 if the ids are invalid.
+  int (*stream_query)(int device, int64_t stream);
   // 1 and *ref filled if [ptr, ptr + bytes) lies inside one shareable device segment, else 0.
   int (*shared_memory_lookup)(const void* ptr, uint64_t bytes, NpudistSharedRef* ref);
+
+  // Description of the calling thread's last failure (never null).
+  const char* (*last_error)(void);
+
+  // --- Devices ---
+  // Parses the device environment (NPUDIST_DEVICE_COUNT, ASCEND_RT_VISIBLE_DEVICES, NPUDIST_DEVICE_MEMORY).
+  npudist_status (*validate_config)(void);
+  int (*device_count)(void);  // 0 when the configuration is invalid
+  int (*get_device)(void);    // the calling thread's current device
+  npudist_status (*set_device)(int device);
+  npudist_status (*get_device_properties)(int device, NpudistDeviceProperties* props);
+  npudist_status (*device_synchronize)(int device);  // every stream of the device
+  int (*is_initialized)(void);                       // 1 once a device was used in this process
+  void (*mark_initialized)(void);
+
+  // --- Memory ---
+  // A segment of device memory, shareable with peer processes where possible (see shared_memory_lookup).
+  npudist_status (*malloc)(int device, uint64_t bytes, void** ptr);
+  npudist_status (*free)(void* ptr, uint64_t bytes);
+  // Virtual address space for a segment that grows in place: reserve, then map/unmap physical pages in
+  // granularity-aligned ranges. Unmapped ranges stay reserved until release_address.
+  npudist_status (*reserve_address)(uint64_t bytes, void** base);
+  npudist_status (*release_address)(void* base, uint64_t bytes);
+  npudist_status (*map_memory)(void* ptr, uint64_t bytes);
+  npudist_status (*unmap_memory)(void* ptr, uint64_t bytes);
+  // Synchronous copy / fill (compute is host-synchronous in the emulated runtime).
+  npudist_status (*memcpy)(void* dst, const void* src, uint64_t bytes, NpudistMemcpyKind kind);
+  npudist_status (*memset)(void* dst, int value, uint64_t bytes);
+
+  // --- Streams ---
+  // A stream from the device's pool (priority < 0: high priority), like getStreamFromGlobalPool.
+  npudist_status (*stream_create)(int device, int priority, int64_t* stream);
+  // Waits for the stream's pending work; pooled ids are reused by later stream_create calls.
+  npudist_status (*stream_destroy)(int device, int64_t stream);
+  int (*stream_priority)(int64_t stream);  // 0 or -1 (high)
+  int64_t (*get_stream)(int device);       // the calling thread's current stream on `device`
+  npudist_status (*set_stream)(int device, int64_t stream);
+
+  // --- Events ---
+  npudist_status (*event_create)(NpudistEvent* event);
+  npudist_status (*event_destroy)(NpudistEvent event);
+  // The event completes once the stream has run everything enqueued on it before this call.
+  npudist_status (*event_record)(NpudistEvent event, int device, int64_t stream);
+  int (*event_query)(NpudistEvent event);  // 1 if complete (or never recorded), else 0
+  npudist_status (*event_synchronize)(NpudistEvent event);
+  npudist_status (*event_elapsed_ms)(NpudistEvent start, NpudistEvent end, double* ms);
+
+  void (*set_blocking_hooks)(npudist_before_block_fn before, npudist_after_block_fn after);
 } NpudistRuntimeApi;
+
+// The runtime linked into npudist._C (the emulated one). Never null.
+const NpudistRuntimeApi* npudist_runtime_api(void);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "npudist/runtime_c_api.h"
 #include "process_group_hccl.h"
 
 namespace py = pybind11;
@@ -99,7 +100,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("perform_nocolor_split", [](ProcessGroupHCCL&, const c10::Device&) {})
       .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
 
-  m.def("_set_runtime_api", [](uintptr_t addr) { set_runtime_api(addr); });
+  m.def(
+      "_set_runtime_api",
+      [](const py::object& capsule) {
+        if (!PyCapsule_IsValid(capsule.ptr(), NPUDIST_RUNTIME_API_CAPSULE)) {
+          throw py::type_error("_set_runtime_api: expected the PyCapsule '" NPUDIST_RUNTIME_API_CAPSULE
+                               "' returned by npudist._C._runtime_api(), got " +
+                               std::string(py::str(capsule.get_type().attr("__name__"))));
+        }
+        set_runtime_api(reinterpret_cast<uintptr_t>(PyCapsule_GetPointer(capsule.ptr(), NPUDIST_RUNTIME_API_CAPSULE)));
+      },
+      "Install the device runtime's C table (the capsule from npudist._C._runtime_api()).");
   m.def(
       "_dump_trace_json", [](int global_rank, const std::string& reason) { return dump_all_json(global_rank, reason); },
       py::arg("global_rank"), py::arg("reason") = "on demand");

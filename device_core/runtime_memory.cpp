@@ -1,4 +1,8 @@
-#include "host_memory.h"
+// Device memory of the emulated runtime: page-aligned host mappings. Fixed segments are one mmap each
+// (aclrtMalloc); growable segments reserve address space once and commit/decommit pages on demand
+// (aclrtReserveMemAddress + aclrtMallocPhysical/aclrtMapMem), so a segment grows in place.
+// HOST-MEMORY: device memory is host mmap memory; a real device uses aclrtMalloc / aclrtMapMem.
+#include "runtime_internal.h"
 
 #include <sys/mman.h>
 
@@ -12,7 +16,7 @@
 #include <mutex>
 #include <new>
 
-namespace npudist::alloc {
+namespace npudist::runtime {
 
 namespace {
 
@@ -92,7 +96,7 @@ void unmap_fixed_segment(void* ptr, size_t size) {
   ++g_released;
 }
 
-bool lookup_shared_segment(const void* ptr, size_t bytes, SharedSegmentRef* ref) {
+bool lookup_shared_segment(const void* ptr, size_t bytes, NpudistSharedRef* ref) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> g(g_shared_mu);
   auto it = g_shared.upper_bound(p);
@@ -100,47 +104,26 @@ bool lookup_shared_segment(const void* ptr, size_t bytes, SharedSegmentRef* ref)
   --it;
   const size_t off = p - it->first;
   if (off >= it->second.size || bytes > it->second.size - off) return false;
-  *ref = SharedSegmentRef{it->second.fd, it->second.id, it->second.size, off, g_released};
+  *ref = NpudistSharedRef{it->second.fd, it->second.id, it->second.size, off, g_released};
   return true;
 }
 
-ExpandableRegion::ExpandableRegion(size_t va_size, size_t granularity)
-    : va_size_((va_size + granularity - 1) / granularity * granularity), gran_(granularity) {
+void* reserve_address(size_t size) {
   // PROT_NONE + MAP_NORESERVE: address space only; nothing counts against host memory yet.
-  void* p = mmap(nullptr, va_size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  base_ = static_cast<char*>(p);
-  mapped_.assign(va_size_ / gran_, false);
+  void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
-ExpandableRegion::~ExpandableRegion() {
-  if (base_) munmap(base_, va_size_);
-}
+void release_address(void* base, size_t size) { munmap(base, size); }
 
-bool ExpandableRegion::commit(size_t offset, size_t size) {
-  assert(offset % gran_ == 0 && size % gran_ == 0 && offset + size <= va_size_);
-  if (mprotect(base_ + offset, size, PROT_READ | PROT_WRITE) != 0) return false;
-  for (size_t p = offset / gran_; p < (offset + size) / gran_; ++p) {
-    assert(!mapped_[p]);
-    mapped_[p] = true;
-  }
-  committed_ += size;
-  return true;
-}
+bool commit_pages(void* ptr, size_t size) { return mprotect(ptr, size, PROT_READ | PROT_WRITE) == 0; }
 
-void ExpandableRegion::decommit(size_t offset, size_t size) {
-  assert(offset % gran_ == 0 && size % gran_ == 0 && offset + size <= va_size_);
+void decommit_pages(void* ptr, size_t size) {
   // Replacing the range with a fresh PROT_NONE mapping drops the pages (memory goes back to the host)
   // while keeping the address space reserved for a later commit.
-  void* p = mmap(base_ + offset, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-                 -1, 0);
+  void* p = mmap(ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   assert(p != MAP_FAILED);
   (void)p;
-  for (size_t pg = offset / gran_; pg < (offset + size) / gran_; ++pg) {
-    assert(mapped_[pg]);
-    mapped_[pg] = false;
-  }
-  committed_ -= size;
 }
 
-}  // namespace npudist::alloc
+}  // namespace npudist::runtime
