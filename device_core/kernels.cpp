@@ -14,6 +14,7 @@
 
 #include "allocator/npu_allocator.h"
 #include "npu_tensor.h"
+#include "profiler.h"
 
 namespace npudist {
 
@@ -94,6 +95,7 @@ at::Tensor as_cpu(const at::Tensor& t, const char* what) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   // Compute is host-synchronous, so non_blocking copies complete before returning.
+  profiler::CopyScope copy_event(self, dst);
   at::Tensor src_cpu = as_cpu(self, "source");
   at::Tensor dst_cpu = as_cpu(dst, "destination");
   dst_cpu.copy_(src_cpu, non_blocking);

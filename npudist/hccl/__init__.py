@@ -80,6 +80,9 @@ def _hand_over_runtime() -> None:
     if api is not None:
         _C._set_runtime_api(int(api()))
         _runtime_handed_over = True
+    profiler_api = getattr(device_ext, "_profiler_api", None)
+    if profiler_api is not None:
+        _C._set_profiler_api(int(profiler_api()))
 
 
 def dump_flight_recorder(reason: str = "on demand") -> str:

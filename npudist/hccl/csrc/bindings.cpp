@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "process_group_hccl.h"
+#include "profiling.h"
 
 namespace py = pybind11;
 
@@ -103,6 +104,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
 
   m.def("_set_runtime_api", [](uintptr_t addr) { set_runtime_api(addr); });
+  profiling::init_bindings(m);
   m.def(
       "_set_gloo_factory",
       [](py::object fn) {
