@@ -5,6 +5,9 @@
 // device activities (CONCURRENT_KERNEL / GPU_MEMCPY, which torch maps to the PrivateUse1 device type),
 // linked to the torch op that launched them, so key_averages() reports npu device time per op and the
 // Chrome trace has one track per npu stream.
+// GenericTraceActivity::addMetadata formats with fmt, whose compiled part libtorch does not export:
+// use fmt header-only (symbols stay local: the extension is built with -fvisibility=hidden).
+#define FMT_HEADER_ONLY
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
 #include <libkineto.h>
@@ -30,6 +33,11 @@ ActivityType activity_type(Kind k) {
 
 class NpuSession final : public libkineto::IActivityProfilerSession {
  public:
+  ~NpuSession() override {
+    // A session torn down without stop() (the profiler was abandoned) must not leave recording on.
+    if (status_ == libkineto::TraceStatus::RECORDING) stop_recording(nullptr);
+  }
+
   void start() override {
     start_recording();
     status_ = libkineto::TraceStatus::RECORDING;
@@ -67,7 +75,6 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
       a.resource = static_cast<int32_t>(r.stream);
       // correlationId() narrows to int32 on Kineto's side (cpuActivity takes int32_t).
       if (r.correlation) a.linked = linked(static_cast<int32_t>(r.correlation));
-      if (a.linked) a.addMetadata("External id", a.linked->correlationId());
       for (auto& [k, v] : r.metadata) a.addMetadata(k, v);
       streams_[{r.device, r.stream}] |= r.kind == Kind::kCollective;
       a.log(logger);

@@ -3,6 +3,7 @@ import os
 
 import pytest
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import npudist._C as device_ext
@@ -30,7 +31,7 @@ def test_kernels_have_npu_device_time_in_key_averages():
     prof = profiled()
     rows = {r.key: r for r in prof.key_averages()}
     kernel = rows["npu:aten::mm"]
-    assert kernel.device_type == torch.device("npu").type or str(kernel.device_type).endswith("PrivateUse1")
+    assert kernel.device_type == DeviceType.PrivateUse1
     assert kernel.self_device_time_total > 0
     assert rows["npu:aten::add"].self_device_time_total > 0
     # Linked to the torch op that launched it: the op's device time includes its kernel.
@@ -76,8 +77,8 @@ def test_profile_memory_gives_npu_memory_events(tmp_path):
     assert frees and all(e["args"]["Device Id"] == 0 for e in mem)
     assert all(e["args"]["Total Allocated"] >= 0 and e["args"]["Total Reserved"] > 0 for e in allocs)
     # key_averages attributes npu memory to the ops that allocated it.
-    rows = {r.key: r for r in prof.key_averages()}
-    assert rows["aten::empty"].device_memory_usage > 0 or rows["aten::mm"].device_memory_usage > 0
+    allocating = {r.key for r in prof.key_averages() if r.device_memory_usage > 0}
+    assert "aten::mm" in allocating, allocating
 
 
 def test_nothing_recorded_without_npu_activity():
