@@ -92,7 +92,8 @@ def test_nothing_recorded_without_npu_activity():
 
 def test_torch_npu_profiler_api(tmp_path):
     import torch_npu
-    from torch_npu import profiler as npu_prof
+
+    npu_prof = torch_npu.profiler  # attribute access, as Ascend scripts use it after `import torch_npu`
 
     cfg = npu_prof._ExperimentalConfig(profiler_level=npu_prof.ProfilerLevel.Level1,
                                        aic_metrics=npu_prof.AiCMetrics.AiCoreNone)
