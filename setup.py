@@ -29,6 +29,13 @@ def _sources(*patterns):
     return [os.path.relpath(s, HERE) for s in out]
 
 
+def _kineto_include():
+    """torch ships Kineto's plugin headers (IActivityProfiler.h, ...) in include/kineto."""
+    from torch.utils.cpp_extension import include_paths
+
+    return [os.path.join(p, "kineto") for p in include_paths() if os.path.isdir(os.path.join(p, "kineto"))]
+
+
 def _extensions():
     if os.environ.get("NPUDIST_SKIP_EXT") == "1":
         return [], {}
@@ -40,8 +47,10 @@ def _extensions():
         exts.append(CppExtension(
             "npudist._C",
             _sources("device_core/*.cpp", "device_core/allocator/*.cpp"),
-            include_dirs=[os.path.join(HERE, "device_core/include"), os.path.join(HERE, "device_core")],
-            extra_compile_args=CXX_FLAGS,
+            include_dirs=[os.path.join(HERE, "device_core/include"), os.path.join(HERE, "device_core")]
+            + _kineto_include(),
+            # USE_KINETO: torch's privateuse1_profiler.h (the npu activity source) is guarded by it.
+            extra_compile_args=CXX_FLAGS + ["-DUSE_KINETO"],
             extra_link_args=["-lrt"],
         ))
     if only in ("", "hccl"):
@@ -59,8 +68,8 @@ ext_modules, cmdclass = _extensions()
 
 setup(
     packages=["npudist", "torch_npu"] + ["npudist." + p for p in (
-        "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
-        "torch_npu.contrib", "torch_npu.distributed"],
+        "compile", "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
+        "torch_npu.contrib", "torch_npu.distributed", "torch_npu.profiler"],
     package_dir={"npudist.launch": "launch"},
     package_data={"npudist": ["include/npudist/*.h"]},  # <npudist/extension.h> for user C++ extensions
     ext_modules=ext_modules,

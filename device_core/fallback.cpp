@@ -23,6 +23,7 @@
 
 #include "allocator/npu_allocator.h"
 #include "npu_tensor.h"
+#include "profiler.h"
 
 namespace npudist {
 namespace {
@@ -215,7 +216,7 @@ class Fallback {
       gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
       (*stack_)[begin + generator_slot_] = c10::IValue(begin_random_op(gen));
     }
-    call_cpu_kernel();
+    { profiler::KernelScope kernel_event(op_, device_); call_cpu_kernel(); }
     sync_arguments(adopt);
     const size_t nret = op_.schema().returns().size();
     int64_t max_numel = max_numel_;

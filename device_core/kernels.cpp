@@ -14,6 +14,7 @@
 
 #include "allocator/npu_allocator.h"
 #include "npu_tensor.h"
+#include "profiler.h"
 
 namespace npudist {
 
@@ -87,6 +88,7 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  profiler::CopyScope copy_event(self, dst);
   copy_through_cpu(self, dst, non_blocking);
   return dst;
 }

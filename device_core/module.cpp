@@ -4,6 +4,7 @@
 
 #include "allocator/npu_allocator.h"
 #include "npu_tensor.h"
+#include "profiler.h"
 
 namespace npudist {
 void register_hooks();  // hooks.cpp
@@ -44,6 +45,7 @@ PYBIND11_MODULE(_C, m) {
   size_t redirected = register_cpu_kernel_redirects();
   rt::api().set_blocking_hooks(&release_gil_if_held, &restore_gil);
   memory::init_bindings(m);
+  profiler::init_bindings(m);
 
   m.attr("_num_cpu_kernel_redirects") = redirected;
   auto nogil = py::call_guard<py::gil_scoped_release>();

@@ -50,6 +50,10 @@ torch.utils.checkpoint.DefaultDeviceType.set_device_type("npu")
 
 
 def __getattr__(name):
+    if name == "profiler":  # `import torch_npu; torch_npu.profiler.profile(...)`, as Ascend scripts do
+        import importlib  # noqa: PLC0415 - loaded on first use only
+
+        return importlib.import_module(__name__ + ".profiler")
     if name.startswith("npu_"):
         raise AttributeError(
             f"torch_npu.{name} is an Ascend operator that npudist does not provide; provided: "

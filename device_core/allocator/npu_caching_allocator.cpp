@@ -17,6 +17,7 @@
 
 #include "caching_allocator.h"
 #include "npu_runtime.h"
+#include "profiler.h"
 
 // From torch/csrc/profiler/python/combined_traceback.h (exported by libtorch_python), declared here
 // because that header needs nlohmann/json.hpp, which torch wheels do not ship.
@@ -124,6 +125,7 @@ void* stream_handle(int64_t id) { return reinterpret_cast<void*>(static_cast<int
 }
 
 void raw_delete(void* ptr) {
+  profiler::report_free(ptr);
   if (g_plug_free.load(std::memory_order_acquire)) {
     PlugInfo info{};
     bool plug = false;
@@ -212,6 +214,7 @@ class NpuAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     int dev = rt::current_device();
     void* p = raw_alloc(n, dev, rt::api().get_stream(dev));
+    profiler::report_alloc(p, n, dev);
     return {p, p, &raw_delete, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }

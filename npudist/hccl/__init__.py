@@ -76,6 +76,9 @@ def _hand_over_runtime() -> None:
     if api is not None:
         _C._set_runtime_api(api())
         _runtime_handed_over = True
+    profiler_api = getattr(device_ext, "_profiler_api", None)
+    if profiler_api is not None:
+        _C._set_profiler_api(int(profiler_api()))
 
 
 def monitored_barrier(group=None, timeout: _dt.timedelta | None = None, wait_all_ranks: bool = False) -> None:

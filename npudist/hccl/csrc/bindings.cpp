@@ -6,6 +6,7 @@
 
 #include "npudist/runtime_c_api.h"
 #include "process_group_hccl.h"
+#include "profiling.h"
 
 namespace py = pybind11;
 
@@ -100,6 +101,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("perform_nocolor_split", [](ProcessGroupHCCL&, const c10::Device&) {})
       .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
 
+  profiling::init_bindings(m);
   m.def(
       "_set_runtime_api",
       [](const py::object& capsule) {

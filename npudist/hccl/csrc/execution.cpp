@@ -4,6 +4,7 @@
 
 #include "internal.h"
 #include "process_group_hccl.h"
+#include "profiling.h"
 
 namespace npudist::hccl {
 
@@ -115,6 +116,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
     // Synchronous op on the caller's thread: ordered after the current stream by draining it.
     if (stream_busy) api->stream_synchronize(device, cur_stream);
     work->observed_ = true;  // c10d waits on a synchronous op right away: its caller gets any error
+    profiling::note_launch(*work, device, cur_stream);
     execute(work);
     return work;
   }
@@ -137,6 +139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
       }
     }
     api->launch_host_func(device, cs, &Fence::wait_fn, new Fence{work});
+    profiling::note_launch(*work, device, cs);
   }
   {
     std::lock_guard<std::mutex> g(works_mu_);
@@ -172,6 +175,7 @@ Lane& ProcessGroupHCCL::p2p_lane(int peer, bool is_send) {
 }
 
 void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
+  profiling::CollectiveScope collective_event(*work);
   work->started_ = std::chrono::steady_clock::now();
   recorder_->mark_started(work->trace_id_);
   std::exception_ptr err;

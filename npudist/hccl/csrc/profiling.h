@@ -1,0 +1,55 @@
+// hccl collectives as npu device activity in torch.profiler: each collective becomes one event on the
+// stream it is ordered on, with op, dtype, element counts, group and sequence number, reported to the
+// device profiler in npudist._C through its C table (device_core/include/npudist/profiler_c_api.h).
+// With no profiler recording, each hook costs one relaxed atomic load.
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+#include "npudist/profiler_c_api.h"
+
+namespace pybind11 { class module_; }
+
+namespace npudist::hccl {
+
+class WorkHCCL;
+
+namespace profiling {
+
+extern const NpudistProfilerApi* g_api;  // set once at import, before any group exists
+
+inline bool active() {
+  return g_api && static_cast<const std::atomic<int>*>(g_api->active_flag)->load(std::memory_order_relaxed);
+}
+
+// At launch, on the issuing thread: remember the torch op that issued the work and the npu stream the
+// op is ordered on (the caller's current stream when it runs synchronously, else the group's comm stream).
+void note_launch(const WorkHCCL& work, int device, int64_t stream);
+
+// Around the op's execution (on whichever thread runs it): records its start/end.
+class CollectiveScope {
+ public:
+  explicit CollectiveScope(const WorkHCCL& work) {
+    if (active()) begin(work);
+  }
+  ~CollectiveScope() {
+    if (work_) end();
+  }
+  CollectiveScope(const CollectiveScope&) = delete;
+  CollectiveScope& operator=(const CollectiveScope&) = delete;
+
+ private:
+  void begin(const WorkHCCL& work);
+  void end();
+  const WorkHCCL* work_ = nullptr;
+  int device_ = -1;
+  int64_t stream_ = 0;
+  uint64_t correlation_ = 0;
+  int64_t start_ns_ = 0;
+};
+
+// `_set_profiler_api(address)`: the hand-over from Python (npudist.hccl._hand_over_runtime).
+void init_bindings(pybind11::module_& m);
+
+}  // namespace profiling
+}  // namespace npudist::hccl
