@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "allocator/npu_allocator.h"
+#include "graph_capture.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -46,6 +47,7 @@ PYBIND11_MODULE(_C, m) {
   rt::api().set_blocking_hooks(&release_gil_if_held, &restore_gil);
   memory::init_bindings(m);
   profiler::init_bindings(m);
+  graph::init_bindings(m);
 
   m.attr("_num_cpu_kernel_redirects") = redirected;
   auto nogil = py::call_guard<py::gil_scoped_release>();
@@ -58,7 +60,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_properties", &device_properties, "(name, total_memory, physical_index) of a device.");
   m.def("_is_initialized", [] { return rt::api().is_initialized() != 0; });
   m.def("_mark_initialized", [] { rt::api().mark_initialized(); });
-  m.def("_synchronize", [](int d) { check_index(d); rt::check(rt::api().device_synchronize(d)); }, nogil);
+  m.def("_synchronize", [](int d) {
+    check_index(d);
+    if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
+    rt::check(rt::api().device_synchronize(d)); }, nogil);
   m.def("_current_stream", [](int d) { check_index(d); return rt::api().get_stream(d); });
   m.def("_set_stream", [](int d, int64_t s) {
     check_index(d);
@@ -72,6 +77,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_stream_synchronize", [](int d, int64_t s) {
     check_index(d);
+    if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     rt::check(rt::api().stream_synchronize(d, s));
   }, nogil);
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
