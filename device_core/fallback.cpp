@@ -212,7 +212,7 @@ class Fallback {
     AdoptScope adopt(device_);
     c10::GeneratorImpl* gen = needs_generator_ ? npu_generator_for(generator_, device_) : nullptr;
     // ---- NPUGraph capture hook (graph_capture.h): record this op if its stream is capturing ----
-    std::unique_ptr<graph::OpRecording> recording;
+    graph::OpRecordingPtr recording;
     if (graph::any_capture_active()) {
       std::vector<c10::StorageImpl*> npu_storages;
       for (const Alias& a : aliases_) npu_storages.push_back(a.npu_si);

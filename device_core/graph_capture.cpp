@@ -335,6 +335,24 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
   return true;
 }
 
+// Indexing ops carry the dynamic_output_shape tag because a boolean mask makes the result's shape depend on
+// the mask's values. index_put keeps self's shape whatever the indices, and index with integer indices has a
+// shape fixed by the indices' shapes: both replay correctly.
+bool has_static_shape_here(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack, size_t nargs) {
+  const std::string& n = op.schema().operator_name().name;
+  if (n == "aten::index_put" || n == "aten::index_put_" || n == "aten::_index_put_impl_") return true;
+  if (n != "aten::index") return false;
+  for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
+    if (!stack[i].isList()) continue;
+    for (const c10::IValue& e : stack[i].toListRef()) {
+      if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -360,15 +378,17 @@ struct OpRecording {
   std::vector<const void*> addresses;  // of `storages` before the kernel ran
 };
 
-std::unique_ptr<OpRecording> begin_op(const c10::OperatorHandle& op, int device, const torch::jit::Stack& stack,
+void OpRecordingDeleter::operator()(OpRecording* r) const { delete r; }
+
+OpRecordingPtr begin_op(const c10::OperatorHandle& op, int device, const torch::jit::Stack& stack,
                                       size_t nargs, bool has_cpu_tensor_args, int64_t generator_slot,
                                       c10::GeneratorImpl* generator,
                                       const std::vector<c10::StorageImpl*>& npu_storages) {
   Graph* graph = capturing_graph(device);
   if (!graph) return nullptr;
   const c10::OperatorName& name = op.schema().operator_name();
-  if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
-      !returns_only_tensors(op.schema())) {
+  if ((op.hasTag(at::Tag::dynamic_output_shape) && !has_static_shape_here(op, stack, nargs)) ||
+      op.hasTag(at::Tag::data_dependent_output) || !returns_only_tensors(op.schema())) {
     graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph: ",
                          "its output ", op.hasTag(at::Tag::dynamic_output_shape) ? "shape depends on the input values"
                                                                                : "is a host value read from the device",
@@ -379,7 +399,7 @@ std::unique_ptr<OpRecording> begin_op(const c10::OperatorHandle& op, int device,
                          "it takes a CPU tensor argument (host memory read at launch). Move that tensor to npu "
                          "before capture."));
   }
-  auto rec = std::make_unique<OpRecording>();
+  OpRecordingPtr rec(new OpRecording());
   rec->graph = graph;
   rec->task = std::make_unique<OpTask>(op);
   rec->task->args.assign(stack.end() - static_cast<std::ptrdiff_t>(nargs), stack.end());
@@ -390,7 +410,7 @@ std::unique_ptr<OpRecording> begin_op(const c10::OperatorHandle& op, int device,
   return rec;
 }
 
-void end_op(std::unique_ptr<OpRecording> rec, const torch::jit::Stack& stack, size_t nret, uint64_t random_numel) {
+void end_op(OpRecordingPtr rec, const torch::jit::Stack& stack, size_t nret, uint64_t random_numel) {
   OpTask& task = *rec->task;
   const c10::OperatorName& name = task.op.schema().operator_name();
   std::unordered_set<const void*> argument_bytes;

@@ -41,12 +41,16 @@ void check_not_capturing(const char* what);
 // and before the kernel runs. Returns null when the op's stream is not capturing; raises (and invalidates
 // the capture) for an op that cannot be captured. `npu_storages` are the storages of the npu arguments.
 struct OpRecording;
-std::unique_ptr<OpRecording> begin_op(const c10::OperatorHandle& op, int device, const std::vector<c10::IValue>& stack,
+struct OpRecordingDeleter {
+  void operator()(OpRecording* r) const;
+};
+using OpRecordingPtr = std::unique_ptr<OpRecording, OpRecordingDeleter>;
+OpRecordingPtr begin_op(const c10::OperatorHandle& op, int device, const std::vector<c10::IValue>& stack,
                                       size_t nargs, bool has_cpu_tensor_args, int64_t generator_slot,
                                       c10::GeneratorImpl* generator,
                                       const std::vector<c10::StorageImpl*>& npu_storages);
 // After the kernel ran and its results were mapped to npu tensors (the last `nret` stack entries).
-void end_op(std::unique_ptr<OpRecording> recording, const std::vector<c10::IValue>& stack, size_t nret,
+void end_op(OpRecordingPtr recording, const std::vector<c10::IValue>& stack, size_t nret,
             uint64_t random_numel);
 
 // Copy kernel hook, called when any_capture_active() before the copy runs: records an npu -> npu copy on a

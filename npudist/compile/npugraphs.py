@@ -53,9 +53,9 @@ def _fresh(outputs):
 class NpuGraphed:
     """A boxed compiled graph (AOTAutograd's calling convention) that captures on first use per signature."""
 
-    _boxed_call = True
-
     def __init__(self, run: Callable, static_idx):
+        # In the instance dict: AOTAutograd wraps the backward in torch._dynamo.disable, which copies it.
+        self._boxed_call = True
         self.run = run
         self.static_idx = frozenset(static_idx)
         self.captured: dict[tuple, Callable] = {}

@@ -51,12 +51,12 @@ def test_outputs_are_not_overwritten_by_later_calls():
 def test_graph_that_cannot_be_captured_runs_eagerly_with_a_warning():
     torch._dynamo.reset()
 
-    def f(x):
-        return torch.nonzero(x > 0).float().sum() + x.sum()
+    def f(x, idx):
+        return x[idx] * 2  # a CPU index tensor: a host read at launch, not capturable
 
-    x = torch.tensor([1.0, -1.0, 2.0], device="npu")
+    x, idx = torch.tensor([1.0, -1.0, 2.0], device="npu"), torch.tensor([2, 0])
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        out = torch.compile(f, backend="npugraphs")(x)
-    assert torch.equal(out.cpu(), f(x).cpu())
-    assert any("without NPUGraph" in str(m.message) for m in w)
+        out = torch.compile(f, backend="npugraphs")(x, idx)
+    assert torch.equal(out.cpu(), f(x, idx).cpu())
+    assert any("without NPUGraph" in str(m.message) and "CPU tensor" in str(m.message) for m in w)
