@@ -3,9 +3,11 @@
 A tiny transformer-style block (d=32, 8 tokens: layer norm, attention-free MLP, residuals, softmax; dozens of
 small aten ops) and its forward + backward, run eagerly on npu (Python dispatch + the fallback per op) and
 as one NPUGraph replay (static input copied in first, as a training loop does). The two sides are interleaved
-in rounds and the medians reported, so machine noise hits both alike.
+in rounds and the medians reported, so machine noise hits both alike. Both sides use --threads intra-op threads
+(default 1: the ops are tiny, and on the shared 2-core machine BLAS/OpenMP thread wake-ups would otherwise dominate
+and drown what is measured here, the launch path).
 
-    .venv/bin/python benchmarks/npugraph.py [--rounds 7] [--iters 200]
+    PYTHONPATH=. .venv/bin/python benchmarks/npugraph.py [--rounds 7] [--iters 200] [--threads 1]
 """
 from __future__ import annotations
 
@@ -47,7 +49,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = Block().npu()
     x = torch.randn(8, 32, device="npu")
