@@ -65,9 +65,9 @@ def _is_in_bad_fork() -> bool:
 __all__ = [
     "Event", "NPUGraph", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "get_amp_supported_dtype",
-    "get_device_capability", "get_device_name", "graph", "graph_pool_handle", "get_device_properties", "get_rng_state", "get_rng_state_all",
-    "init", "initial_seed", "is_available", "is_bf16_supported", "is_current_stream_capturing", "is_initialized",
-    "make_graphed_callables", "manual_seed",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all",
+    "graph", "graph_pool_handle", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "is_current_stream_capturing", "is_initialized", "make_graphed_callables", "manual_seed",
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")]

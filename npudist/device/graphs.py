@@ -137,7 +137,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, al
     only parameters require grad; later calls pass arguments in the same order and format. Graphs of several
     callables share one pool token.
     """
-    if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
+    if torch.is_autocast_enabled("npu") and torch.is_autocast_cache_enabled():
         raise RuntimeError("make_graphed_callables does not support the autocast caching. "
                            "Please set `cache_enabled=False`.")
     just_one = not isinstance(callables, tuple)

@@ -1,5 +1,4 @@
 """NPUGraph capture and replay (docs/graphs.md): replay equals eager bitwise, static inputs, errors, memory."""
-import os
 import threading
 
 import pytest
