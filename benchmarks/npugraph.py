@@ -7,7 +7,10 @@ in rounds and the medians reported, so machine noise hits both alike. Both sides
 (default 1: the ops are tiny, and on the shared 2-core machine BLAS/OpenMP thread wake-ups would otherwise dominate
 and drown what is measured here, the launch path).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/npugraph.py [--rounds 7] [--iters 200] [--threads 1]
+With --compile, also the same forward + backward step under torch.compile(backend="npugraphs") against
+torch.compile(backend="aot_eager") (the same AOTAutograd graphs run op by op), and against eager.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/npugraph.py [--rounds 7] [--iters 200] [--threads 1] [--compile]
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help='also time torch.compile(backend="npugraphs")')
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -81,6 +85,10 @@ def main() -> None:
 
     cases = {"forward": (eager_fwd, replay_fwd),
              "forward+backward": (lambda: _fwd_bwd(model, x), replay_train)}
+    if args.compile:
+        aot_eager = torch.compile(model, backend="aot_eager")
+        npugraphs = torch.compile(model, backend="npugraphs")
+        cases["compiled fwd+bwd"] = (lambda: _fwd_bwd(aot_eager, x), lambda: _fwd_bwd(npugraphs, x))
     for fns in cases.values():  # warm-up
         for fn in fns:
             _time(fn, 5)
@@ -94,7 +102,12 @@ def main() -> None:
     print(f"  forward graph: {g_fwd.num_tasks()} tasks; forward+backward graph: {g_train.num_tasks()} tasks")
     for name, (eager, replay) in samples.items():
         e, r = statistics.median(eager), statistics.median(replay)
-        print(f"  {name:18s} eager {e:8.1f} us   replay {r:8.1f} us   replay speedup {e / r:5.2f}x (target >= 2x)")
+        if name == "compiled fwd+bwd":
+            plain = statistics.median(samples["forward+backward"][0])
+            print(f"  {name:18s} aot_eager {e:8.1f} us   npugraphs {r:8.1f} us   npugraphs speedup {e / r:5.2f}x "
+                  f"over aot_eager, {plain / r:5.2f}x over eager")
+        else:
+            print(f"  {name:18s} eager {e:8.1f} us   replay {r:8.1f} us   replay speedup {e / r:5.2f}x (target >= 2x)")
 
 
 if __name__ == "__main__":

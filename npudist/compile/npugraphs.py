@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from npudist import _C
+
 
 def _signature(args: list, static_idx: frozenset) -> tuple:
     key = []
@@ -32,22 +34,24 @@ class _Captured:
 
     def __init__(self, graph, static_inputs: list, copied_idx: list[int], outputs):
         self.graph = graph
-        self.static_inputs = static_inputs
         self.copied_idx = copied_idx
+        self.copied_statics = [static_inputs[i] for i in copied_idx]
         self.outputs = outputs
 
     def __call__(self, args: list):
-        for i in self.copied_idx:
-            dst, src = self.static_inputs[i], args[i]
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
+        _C._graph_copy_into_static(self.copied_statics, [args[i] for i in self.copied_idx])
         args.clear()
         self.graph.replay()
         return _fresh(self.outputs)
 
 
-def _fresh(outputs):
-    return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+def _fresh(outputs: list) -> list:
+    """Copies of the tensor outputs (one C++ call), other outputs as they are."""
+    idx = [i for i, o in enumerate(outputs) if isinstance(o, torch.Tensor)]
+    fresh = list(outputs)
+    for i, t in zip(idx, _C._graph_copy_out([outputs[i] for i in idx])):
+        fresh[i] = t
+    return fresh
 
 
 class NpuGraphed:
@@ -75,8 +79,8 @@ class NpuGraphed:
         copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static_idx]
         static_inputs = list(args)
         for i in copied:
-            static_inputs[i] = torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
-                                                   device=args[i].device).copy_(args[i])
+            static_inputs[i] = torch.empty_like(args[i])  # dense (an expanded input gets its own bytes)
+        _C._graph_copy_into_static([static_inputs[i] for i in copied], [args[i] for i in copied])
         g = graphs.NPUGraph()
         try:
             with graphs.graph(g):
