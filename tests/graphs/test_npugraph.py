@@ -214,3 +214,34 @@ def test_torch_npu_names():
     for name in ("NPUGraph", "graph", "make_graphed_callables", "is_current_stream_capturing",
                  "graph_pool_handle"):
         assert getattr(torch_npu.npu, name) is getattr(torch.npu, name)
+
+
+def test_make_graphed_callables_tuple_shares_a_pool_token():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 4).npu(), torch.nn.Linear(4, 2).npu()
+    x = torch.randn(3, 4, device="npu")
+    ref = b(a(x).relu())
+    ref.sum().backward()
+    ref_grads = [p.grad.clone() for p in (*a.parameters(), *b.parameters())]
+    for p in (*a.parameters(), *b.parameters()):
+        p.grad = None
+    ga, gb = torch.npu.make_graphed_callables(
+        (a, b), ((torch.randn(3, 4, device="npu"),), (torch.randn(3, 4, device="npu", requires_grad=True),)))
+    out = gb(ga(x).relu())
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    for p, g in zip((*a.parameters(), *b.parameters()), ref_grads):
+        assert torch.equal(p.grad, g)
+
+
+def test_error_in_the_captured_body_propagates_and_resets_the_graph():
+    g = torch.npu.NPUGraph()
+    with pytest.raises(KeyError):
+        with torch.npu.graph(g):
+            torch.ones(2, device="npu").add_(1)
+            raise KeyError("user error")
+    assert not torch.npu.is_current_stream_capturing()
+    with torch.npu.graph(g):  # the graph is reusable
+        y = torch.ones(2, device="npu") * 3
+    g.replay()
+    assert y.tolist() == [3.0, 3.0]
