@@ -74,16 +74,14 @@ class NpuGraphed:
         return outputs
 
     def _capture(self, args: list):
-        from npudist.device import graphs
-
         copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static_idx]
         static_inputs = list(args)
         for i in copied:
             static_inputs[i] = torch.empty_like(args[i])  # dense (an expanded input gets its own bytes)
         _C._graph_copy_into_static([static_inputs[i] for i in copied], [args[i] for i in copied])
-        g = graphs.NPUGraph()
+        g = torch.npu.NPUGraph()
         try:
-            with graphs.graph(g):
+            with torch.npu.graph(g):
                 outputs = self.run(list(static_inputs))
         except RuntimeError as e:
             warnings.warn(f"npugraphs: running this compiled graph without NPUGraph: {e}", stacklevel=2)
