@@ -231,7 +231,7 @@ class Fallback {
     int64_t max_numel = max_numel_;
     for (size_t i = stack_->size() - nret; i < stack_->size(); ++i) map_result((*stack_)[i], adopt, max_numel);
     if (gen) end_random_op(gen, static_cast<uint64_t>(max_numel));
-    if (recording) graph::end_op(std::move(recording), *stack_, nret, static_cast<uint64_t>(max_numel));  // capture hook
+    if (recording) graph::end_op(std::move(recording), *stack_, nret, static_cast<uint64_t>(max_numel));  // NPUGraph
   }
 
  private:

@@ -104,7 +104,9 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  if (graph::any_capture_active()) graph::check_not_capturing("Reading an npu tensor on the host (.item(), aten::_local_scalar_dense)");
+  if (graph::any_capture_active()) {
+    graph::check_not_capturing("Reading an npu tensor on the host (.item(), aten::_local_scalar_dense)");
+  }
   return read_scalar(self);
 }
 
