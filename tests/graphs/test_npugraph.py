@@ -1,4 +1,5 @@
 """NPUGraph capture and replay (docs/graphs.md): replay equals eager bitwise, static inputs, errors, memory."""
+import gc
 import threading
 
 import pytest
@@ -175,6 +176,7 @@ def test_capture_error_modes_for_other_threads():
 
 
 def test_pool_reset_and_no_leak_across_replays(tmp_path):
+    gc.collect()  # torch.npu.graph collects garbage on entry: leftovers of earlier tests must not skew the baseline
     torch.npu.synchronize()
     base = torch.npu.memory_allocated()
     x = torch.randn(64, 64, device="npu")
