@@ -135,6 +135,8 @@ struct CopyTask final : Task {
 // ------------------------------------------------------------------------------------------------
 std::atomic<uint64_t> g_next_pool{1};
 
+const c10::DispatchKeySet kPythonKeys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+
 class Graph {
  public:
   ~Graph();
@@ -273,8 +275,11 @@ void Graph::replay() {
                                           : "has not been captured (or was reset)");
   check_storages_unchanged();
   DeviceScope ds(device_);
-  // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard).
+  // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard), and a
+  // replay is not Python's to see: the kernels' inner aten calls skip Python dispatch modes (as a device
+  // graph replay would never reach them).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_python(kPythonKeys);
   for (size_t i = 0; i < tasks_.size(); ++i) {
     try {
       tasks_[i]->run();

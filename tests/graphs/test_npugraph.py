@@ -247,3 +247,29 @@ def test_error_in_the_captured_body_propagates_and_resets_the_graph():
         y = torch.ones(2, device="npu") * 3
     g.replay()
     assert y.tolist() == [3.0, 3.0]
+
+
+def test_replay_dispatches_nothing_through_python():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    w1, w2, ln = _weights()
+    x = torch.randn(8, 16, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        y = _block(x, w1, w2, ln)
+    with Log() as log:
+        g.replay()
+        eager = _block(x, w1, w2, ln)
+    assert len(log.ops) > 5  # all from the eager call
+    with Log() as log:
+        g.replay()
+    assert log.ops == [] and torch.equal(y, eager)
