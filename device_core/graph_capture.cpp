@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <torch/extension.h>
 
 #include <fstream>
@@ -157,6 +158,8 @@ class Graph {
 
   // Called by the hooks while capturing (from any thread running ops on the capturing stream).
   void add_task(std::unique_ptr<Task> task, const std::vector<c10::StorageImpl*>& storages);
+  // Marks the capture failed (capture_end raises `why`); fail() also raises it now.
+  void invalidate(const std::string& why);
   [[noreturn]] void fail(const std::string& why);
 
  private:
@@ -197,12 +200,50 @@ Graph* capturing_graph(int device) {
   return nullptr;
 }
 
+// Work that bypasses the fallback and the copy kernel cannot be recorded: hccl collectives (c10d ops, run by
+// the hccl backend on its own streams) and npu kernels of other libraries' operators (e.g. user C++ kernels on
+// npu pointers). While a capture is active, a RecordFunction observer spots them on a capturing stream and
+// invalidates that capture, so capture_end raises instead of a replay silently skipping them. Observers
+// cannot raise into the op (RecordFunction swallows their exceptions), hence the deferred error.
+std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
+  std::optional<c10::OperatorName> name = fn.operator_name();
+  if (!name) return nullptr;
+  const std::string& n = name->name;
+  const std::string ns = n.substr(0, n.find("::"));
+  const bool collective = ns == "c10d" || ns == "_c10d_functional";
+  if (!collective) {
+    if (ns == "aten" || ns == "prim" || ns == "npu" || ns == n) return nullptr;
+    auto op = c10::Dispatcher::singleton().findOp(*name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return nullptr;
+  }
+  Graph* graph = capturing_graph(rt::current_device());
+  if (!graph) return nullptr;
+  graph->invalidate(c10::str("The operator '", *name, "' is not permitted while an npu stream is capturing an "
+                             "NPUGraph: ", collective ? "hccl collectives run on hccl's own streams"
+                                                      : "its npu kernel works on the npu bytes outside the fallback",
+                             ", so a replay could not re-run it. Run it outside the captured region."));
+  return nullptr;
+}
+std::optional<at::CallbackHandle> g_watch_handle;  // guarded by g_registry_mu
+
+void register_capture(ActiveCapture capture) {  // caller holds g_registry_mu
+  g_registry.push_back(capture);
+  g_active_captures.fetch_add(1);
+  if (!g_watch_handle) {
+    g_watch_handle = at::addGlobalCallback(at::RecordFunctionCallback(&watch_op).scopes({at::RecordScope::FUNCTION}));
+  }
+}
+
 void unregister(Graph* graph) {
   std::lock_guard<std::mutex> g(g_registry_mu);
   for (auto it = g_registry.begin(); it != g_registry.end(); ++it) {
     if (it->graph == graph) {
       g_registry.erase(it);
       g_active_captures.fetch_sub(1);
+      if (g_registry.empty() && g_watch_handle) {
+        at::removeCallback(*g_watch_handle);
+        g_watch_handle.reset();
+      }
       return;
     }
   }
@@ -226,8 +267,7 @@ void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
       TORCH_CHECK(!(a.device == device && a.stream == stream), "NPUGraph.capture_begin: stream ", stream,
                   " of npu:", device, " is already capturing another graph");
     }
-    g_registry.push_back(ActiveCapture{this, device, stream, std::this_thread::get_id(), mode});
-    g_active_captures.fetch_add(1);
+    register_capture(ActiveCapture{this, device, stream, std::this_thread::get_id(), mode});
   }
   state_ = State::kCapturing;
   device_ = device;
@@ -319,11 +359,13 @@ void Graph::add_task(std::unique_ptr<Task> task, const std::vector<c10::StorageI
   tasks_.push_back(std::move(task));
 }
 
+void Graph::invalidate(const std::string& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (state_ == State::kCapturing && invalid_.empty()) invalid_ = why;
+}
+
 void Graph::fail(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (invalid_.empty()) invalid_ = why;
-  }
+  invalidate(why);
   TORCH_CHECK(false, why);
 }
 

@@ -273,3 +273,34 @@ def test_replay_dispatches_nothing_through_python():
     with Log() as log:
         g.replay()
     assert log.ops == [] and torch.equal(y, eager)
+
+
+def test_work_outside_the_fallback_invalidates_the_capture():
+    """A custom op with its own npu kernel cannot be recorded: capture_end raises naming it."""
+    lib = torch.library.Library("ngraph_test", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "PrivateUse1")
+    x = torch.ones(3, device="npu")
+    assert torch.ops.ngraph_test.twice(x).tolist() == [2.0] * 3
+    g = torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match="capture failed.*ngraph_test::twice.*outside the fallback"):
+        with torch.npu.graph(g):
+            torch.ops.ngraph_test.twice(x)
+    with torch.npu.graph(g):  # the graph is reusable, and aten work is recorded as usual
+        y = x * 3
+    g.replay()
+    assert y.tolist() == [3.0] * 3
+
+
+def test_hccl_collective_invalidates_the_capture():
+    import torch.distributed as dist
+
+    dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.ones(4, device="npu")
+        g = torch.npu.NPUGraph()
+        with pytest.raises(RuntimeError, match="c10d::allreduce_.*hccl collectives"):
+            with torch.npu.graph(g):
+                dist.all_reduce(t)
+    finally:
+        dist.destroy_process_group()
