@@ -227,11 +227,11 @@ def _plain_npu_tensors(value: Any, waited: list) -> list[torch.Tensor]:
     for leaf in pytree.tree_leaves(value):
         if not isinstance(leaf, torch.Tensor):
             continue
-        stack = [leaf]
+        stack: list[torch.Tensor] = [leaf]
         while stack:
             t = stack.pop()
             if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
-                inner = [getattr(t, n) for n in t.__tensor_flatten__()[0]]
+                inner = [x for x in (getattr(t, n) for n in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
                 if type(t).__name__ == "AsyncCollectiveTensor":
                     waited.extend(inner)
                 stack.extend(inner)

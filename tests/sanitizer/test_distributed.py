@@ -1,0 +1,150 @@
+"""The npu stream sanitizer on 2 hccl ranks: async collectives waited before use, FSDP2 and TP training run clean
+(and train exactly as without it); a collective's buffer read before ``wait()`` / ``wait_tensor`` is flagged."""
+import pytest
+
+from dist_helpers import run_ranks
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("sanitizer_dist")]
+
+HIDDEN = 16
+
+
+def _flag(fn):
+    """'clean' if fn() passes the sanitizer, else the report."""
+    from npudist.device.sanitizer import StreamSanitizerError
+    try:
+        fn()
+        return "clean"
+    except StreamSanitizerError as e:
+        return str(e)
+
+
+def _collectives(rank, world):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    out = {}
+
+    def c10d_waited():
+        t = torch.full((8,), rank + 1.0, device="npu")
+        dist.all_reduce(t, async_op=True).wait()
+        g = torch.empty(8 * world, device="npu")
+        dist.all_gather_into_tensor(g, t)   # synchronous: c10d waits for us
+        r = torch.empty(8, device="npu")
+        dist.reduce_scatter_tensor(r, g, async_op=True).wait()
+        out["c10d_values"] = [t[0].item(), g.sum().item(), r[0].item()]
+
+    def c10d_read_before_wait():
+        t = torch.ones(8, device="npu")
+        work = dist.all_reduce(t, async_op=True)
+        try:
+            t.sum()   # READ-BEFORE-WAIT
+        finally:
+            work.wait()
+
+    def c10d_write_input_before_wait():
+        src = torch.ones(8, device="npu")
+        dst = torch.empty(8 * world, device="npu")
+        work = dist.all_gather_into_tensor(dst, src, async_op=True)
+        try:
+            src.zero_()   # the collective may still be reading it
+        finally:
+            work.wait()
+
+    def functional_waited():
+        t = torch.full((8,), rank + 1.0, device="npu")
+        y = funcol.all_reduce(t, "sum", dist.group.WORLD)   # AsyncCollectiveTensor: waits on first use
+        out["functional_value"] = (y * 2)[0].item()
+        z = torch.ops._c10d_functional.all_gather_into_tensor(t, world, dist.group.WORLD.group_name)
+        z = torch.ops._c10d_functional.wait_tensor(z)
+        out["functional_gather"] = z.sum().item()
+
+    def functional_read_before_wait_tensor():
+        t = torch.ones(8, device="npu")
+        z = torch.ops._c10d_functional.all_reduce(t, "sum", dist.group.WORLD.group_name)
+        try:
+            z.sum()
+        finally:
+            torch.ops._c10d_functional.wait_tensor(z)
+
+    for fn in (c10d_waited, c10d_read_before_wait, c10d_write_input_before_wait, functional_waited,
+               functional_read_before_wait_tensor):
+        out[fn.__name__] = _flag(fn)
+    return out
+
+
+def _train(parallelism, world, steps=2):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(HIDDEN, 2 * HIDDEN), torch.nn.ReLU(),
+                                torch.nn.Linear(2 * HIDDEN, HIDDEN)).to("npu")
+    mesh = init_device_mesh("npu", (world,))
+    if parallelism == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(4, HIDDEN, generator=gen).to("npu")
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _scenarios(rank, world):
+    from npudist.device import sanitizer
+
+    plain = {p: _train(p, world) for p in ("fsdp", "tp")}
+    sanitizer.enable()
+    try:
+        out = _collectives(rank, world)
+        for p in ("fsdp", "tp"):
+            result = {}
+            out[p] = _flag(lambda: result.setdefault("losses", _train(p, world)))
+            out[p + "_same_losses"] = result.get("losses") == plain[p]
+    finally:
+        sanitizer.disable()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_ranks(_scenarios, 2, backend="hccl", timeout=200)
+
+
+def test_async_collectives_waited_before_use_run_clean(results):
+    for r in results:
+        assert r["c10d_waited"] == "clean" and r["functional_waited"] == "clean", r
+        assert r["c10d_values"] == [3.0, 48.0, 6.0] and r["functional_value"] == 6.0
+        assert r["functional_gather"] == 24.0
+
+
+def test_collective_buffer_read_before_wait_is_flagged(results):
+    for r in results:
+        msg = r["c10d_read_before_wait"]
+        assert "reading tensor(shape=(8,), dtype=torch.float32" in msg and "aten.sum" in msg, msg
+        assert "(default stream)" in msg and "hccl comm stream of group" in msg and "c10d.allreduce_" in msg
+        assert "t.sum()   # READ-BEFORE-WAIT" in msg and "dist.all_reduce(t, async_op=True)" in msg
+        msg = r["c10d_write_input_before_wait"]
+        assert "writing" in msg and "aten.zero_" in msg and "c10d._allgather_base_" in msg, msg
+        msg = r["functional_read_before_wait_tensor"]
+        assert "_c10d_functional.all_reduce" in msg and "hccl comm stream" in msg, msg
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "tp"])
+def test_training_runs_clean(results, parallelism):
+    for r in results:
+        assert r[parallelism] == "clean", r[parallelism]
+        assert r[parallelism + "_same_losses"]
