@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from npudist import _C
 from npudist.device import streams
@@ -319,7 +319,10 @@ class _WaitingWork(torch.distributed.Work):
         self._inner, self._tracker, self._done, self._keep = inner, tracker, done, keep
 
     def wait(self, timeout=None):
-        result = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        # C++ callers pass kNoTimeout, which reaches Python as timedelta(0): it means "no timeout", not "expire now".
+        # hccl may run the collective on this thread inside wait(); its internal copies are not user accesses.
+        with _disable_current_modes():
+            result = self._inner.wait(timeout) if timeout else self._inner.wait()
         with self._tracker.lock:
             self._tracker.clocks.wait(_current_stream(None), self._done)
         # The C++ object outlives this Python one only after the wait that needed it (see _wrap_work).
@@ -327,7 +330,14 @@ class _WaitingWork(torch.distributed.Work):
         return result
 
     def get_future(self):
-        return self._inner.get_future()
+        # Whoever consumes the future (DDP's reducer waits on it in C++) is not visible here: count its completion
+        # as seen by the host, which orders every stream after the collective. This can hide a race in a
+        # communication hook, never invent one.
+        def seen_by_host(fut):
+            with self._tracker.lock:
+                self._tracker.clocks.host_waits(self._done)
+            return fut.value()
+        return self._inner.get_future().then(seen_by_host)
 
     def is_completed(self):
         return self._inner.is_completed()

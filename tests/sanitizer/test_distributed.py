@@ -1,5 +1,6 @@
-"""The npu stream sanitizer on 2 hccl ranks: async collectives waited before use, FSDP2 and TP training run clean
-(and train exactly as without it); a collective's buffer read before ``wait()`` / ``wait_tensor`` is flagged."""
+"""The npu stream sanitizer on 2 hccl ranks: async collectives waited before use, FSDP2, TP and DDP training run
+clean (and train exactly as without it); a collective's buffer read before ``wait()`` / ``wait_tensor``, and FSDP2
+with its unshard wait hidden, are flagged. One spawn runs every scenario (CI time)."""
 import pytest
 
 from dist_helpers import run_ranks
@@ -82,7 +83,10 @@ def _train(parallelism, world, steps=2):
     model = torch.nn.Sequential(torch.nn.Linear(HIDDEN, 2 * HIDDEN), torch.nn.ReLU(),
                                 torch.nn.Linear(2 * HIDDEN, HIDDEN)).to("npu")
     mesh = init_device_mesh("npu", (world,))
-    if parallelism == "fsdp":
+    if parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, bucket_cap_mb=0.001)   # several buckets
+    elif parallelism == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for layer in (model[0], model[2]):
             fully_shard(layer, mesh=mesh)
@@ -103,17 +107,46 @@ def _train(parallelism, world, steps=2):
     return losses
 
 
+def _fsdp_without_unshard_wait(world):
+    """FSDP2 with the current stream's wait for the all-gather made invisible to the sanitizer (as if the
+    wait were missing): the copy-out of the all-gather output must be flagged."""
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from npudist.device import streams
+
+    def untraced_wait_event(stream, event):
+        torch.Event.wait(event, stream)
+
+    real_unshard_wait, real_wait_event = FSDPParamGroup.wait_for_unshard, streams.Stream.wait_event
+
+    def wait_for_unshard(self):
+        streams.Stream.wait_event = untraced_wait_event
+        try:
+            return real_unshard_wait(self)
+        finally:
+            streams.Stream.wait_event = real_wait_event
+
+    FSDPParamGroup.wait_for_unshard = wait_for_unshard
+    try:
+        return _flag(lambda: _train("fsdp", world, steps=1))
+    finally:
+        FSDPParamGroup.wait_for_unshard = real_unshard_wait
+
+
 def _scenarios(rank, world):
     from npudist.device import sanitizer
 
-    plain = {p: _train(p, world) for p in ("fsdp", "tp")}
+    kinds = ("fsdp", "tp", "ddp")
+    plain = {p: _train(p, world) for p in kinds}
     sanitizer.enable()
     try:
         out = _collectives(rank, world)
-        for p in ("fsdp", "tp"):
+        for p in kinds:
             result = {}
             out[p] = _flag(lambda: result.setdefault("losses", _train(p, world)))
             out[p + "_same_losses"] = result.get("losses") == plain[p]
+        out["fsdp_missing_wait"] = _fsdp_without_unshard_wait(world)
     finally:
         sanitizer.disable()
     return out
@@ -143,8 +176,14 @@ def test_collective_buffer_read_before_wait_is_flagged(results):
         assert "_c10d_functional.all_reduce" in msg and "hccl comm stream" in msg, msg
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "tp"])
+@pytest.mark.parametrize("parallelism", ["fsdp", "tp", "ddp"])
 def test_training_runs_clean(results, parallelism):
     for r in results:
         assert r[parallelism] == "clean", r[parallelism]
         assert r[parallelism + "_same_losses"]
+
+
+def test_fsdp_missing_unshard_wait_is_flagged(results):
+    for r in results:
+        msg = r["fsdp_missing_wait"]
+        assert "fsdp.split_with_sizes_copy" in msg and "all_gather_output" in msg, msg
