@@ -339,23 +339,10 @@ class _WaitingWork(torch.distributed.Work):
             return fut.value()
         return self._inner.get_future().then(seen_by_host)
 
-    def is_completed(self):
-        return self._inner.is_completed()
 
-    def is_success(self):
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def result(self):
-        return self._inner.result()
-
-    def source_rank(self):
-        return self._inner.source_rank()
-
-    def synchronize(self):
-        return self._inner.synchronize()
+# Python-visible queries answer from the hccl Work.
+for _name in ("is_completed", "is_success", "exception", "result", "source_rank", "synchronize"):
+    setattr(_WaitingWork, _name, lambda self, _n=_name: getattr(self._inner, _n)())
 
 
 class StreamSanitizerMode(TorchDispatchMode):

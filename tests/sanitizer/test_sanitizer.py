@@ -78,7 +78,7 @@ def test_new_stream_is_not_ordered_after_earlier_work(san):
 
 @pytest.mark.parametrize("order", [
     "wait_stream", "event_record_wait", "record_event_wait_event", "event_synchronize", "stream_synchronize",
-    "device_synchronize", "blocking_copy_to_host",
+    "device_synchronize", "blocking_copy_to_host", "item_on_side_stream",
 ])
 def test_synchronized_program_passes(san, order):
     side, b = _produce_on_side_stream()
@@ -100,6 +100,9 @@ def test_synchronized_program_passes(san, order):
     elif order == "blocking_copy_to_host":
         with torch.npu.stream(side):
             b.cpu()   # the host waited for the side stream
+    elif order == "item_on_side_stream":
+        with torch.npu.stream(side):
+            b.sum().item()
     assert b.sum().item() == 32 * 32 * 32
 
 
