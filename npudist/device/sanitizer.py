@@ -250,9 +250,12 @@ class _Accesses:
         self.waited: list[torch.Tensor] = []
         self.device: int | None = None
 
-    def add(self, value: Any, *, write: bool, read: bool, name: str | None) -> None:
+    def add(self, value: Any, *, write: bool, read: bool, name: str | None) -> list[int]:
+        """Record the npu tensors in ``value``; returns their storages."""
+        ptrs = []
         for t in _plain_npu_tensors(value, self.waited):
             ptr = _storage_ptr(t)
+            ptrs.append(ptr)
             if self.device is None:
                 self.device = t.device.index or 0
             for table, on in ((self.writes, write), (self.reads, read)):
@@ -260,6 +263,7 @@ class _Accesses:
                     names = table.setdefault(ptr, (_describe(t), []))[1]
                     if name and name not in names:
                         names.append(name)
+        return ptrs
 
     def parse_inputs(self, schema, args, kwargs, *, factory: bool, collective: str | None = None) -> None:
         by_name = {a.name: a for a in schema.arguments}
@@ -271,10 +275,9 @@ class _Accesses:
                 alias = arg.alias_info
                 write = alias is not None and alias.is_write
                 read = not factory and (alias is None or alias.is_write)
-            self.add(value, write=write, read=read, name=arg.name)
-            self.inputs.update(_storage_ptr(t) for t in _plain_npu_tensors(value, []))
+            self.inputs.update(self.add(value, write=write, read=read, name=arg.name))
 
-    def parse_outputs(self, schema, outputs, *, factory: bool) -> set[int]:
+    def parse_outputs(self, schema, outputs) -> set[int]:
         """Record written outputs; returns the storages the op allocated (outputs that alias no input)."""
         fresh: set[int] = set()
         results = outputs if len(schema.returns) > 1 and isinstance(outputs, (tuple, list)) else (outputs,)
@@ -282,11 +285,9 @@ class _Accesses:
             alias = ret.alias_info
             if alias is not None and not alias.is_write:
                 continue   # a view: metadata only
-            for t in _plain_npu_tensors(value, []):
-                ptr = _storage_ptr(t)
-                if alias is None and ptr not in self.inputs:
-                    fresh.add(ptr)
-            self.add(value, write=True, read=False, name=None)
+            ptrs = self.add(value, write=True, read=False, name=None)
+            if alias is None:
+                fresh.update(p for p in ptrs if p not in self.inputs)
         return fresh
 
 
@@ -370,7 +371,7 @@ class StreamSanitizerMode(TorchDispatchMode):
         acc.parse_inputs(func._schema, args, kwargs, factory=bool(_FACTORY.match(name)), collective=collective)
         self._wait_collectives(acc.waited)
         out = func(*args, **kwargs)
-        fresh = acc.parse_outputs(func._schema, out, factory=False) if collective is None else set()
+        fresh = acc.parse_outputs(func._schema, out) if collective is None else set()
         if not acc.reads and not acc.writes:
             return out
         if ns in ("c10d", _FUNCTIONAL_NS):
@@ -431,10 +432,10 @@ def _reaches_host(func, out, args, kwargs) -> bool:
     the host, and so every later launch, is ordered after the current stream."""
     if func._schema.name.split("::")[-1] in _HOST_VALUE_OPS:
         return True
-    if kwargs.get("non_blocking") or (func is torch.ops.aten.copy_.default and len(args) > 2 and args[2]):
-        return False
-    leaves = pytree.tree_leaves(out) + [a for a in args[:1] if isinstance(a, torch.Tensor)]
-    return any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in leaves)
+    if func is torch.ops.aten.copy_.default:
+        return args[0].device.type == "cpu" and not (kwargs.get("non_blocking") or (len(args) > 2 and args[2]))
+    return not kwargs.get("non_blocking") and \
+        any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in pytree.tree_leaves(out))
 
 
 class StreamSanitizer:
