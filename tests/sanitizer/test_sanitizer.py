@@ -130,13 +130,16 @@ def test_event_recorded_before_the_write_does_not_order_it(san):
 
 
 def test_disable_removes_the_mode():
-    sanitizer.enable()
-    assert any(isinstance(m, sanitizer.StreamSanitizerMode) for m in _get_current_dispatch_mode_stack())
-    sanitizer.disable()
-    assert _get_current_dispatch_mode_stack() == []
-    torch.npu._sanitizer.enable_npu_sanitizer()  # the torch.cuda._sanitizer-style name
-    assert sanitizer.is_enabled()
-    sanitizer.disable()
+    try:
+        sanitizer.enable()
+        assert any(isinstance(m, sanitizer.StreamSanitizerMode) for m in _get_current_dispatch_mode_stack())
+        sanitizer.disable()
+        assert _get_current_dispatch_mode_stack() == []
+        torch.npu._sanitizer.enable_npu_sanitizer()  # the torch.cuda._sanitizer-style name
+        assert sanitizer.is_enabled()
+    finally:
+        sanitizer.disable()
+    assert not sanitizer.is_enabled() and _get_current_dispatch_mode_stack() == []
 
 
 _ENV_PROBE = """
