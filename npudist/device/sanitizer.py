@@ -326,9 +326,12 @@ class _WaitingWork(torch.distributed.Work):
             result = self._inner.wait(timeout) if timeout else self._inner.wait()
         with self._tracker.lock:
             self._tracker.clocks.wait(_current_stream(None), self._done)
-        # The C++ object outlives this Python one only after the wait that needed it (see _wrap_work).
-        self._keep.pop(id(self), None)
+            self._release()
         return result
+
+    def _release(self) -> None:
+        # Kept alive until waited or its future consumed (see StreamSanitizerMode.live_works); caller holds the lock.
+        self._keep.pop(id(self), None)
 
     def get_future(self):
         # Whoever consumes the future (DDP's reducer waits on it in C++) is not visible here: count its completion
@@ -337,6 +340,7 @@ class _WaitingWork(torch.distributed.Work):
         def seen_by_host(fut):
             with self._tracker.lock:
                 self._tracker.clocks.host_waits(self._done)
+                self._release()
             return fut.value()
         return self._inner.get_future().then(seen_by_host)
 
@@ -352,7 +356,9 @@ class StreamSanitizerMode(TorchDispatchMode):
     def __init__(self, tracker: _Tracker) -> None:
         super().__init__()
         self.tracker = tracker
-        # A Python Work subclass must stay alive while C++ may call its wait() (pybind trampoline).
+        # The Python Work handed to C++ must stay alive while C++ may call wait() on it: once the Python object is
+        # gone, pybind's trampoline falls back to c10d's base Work::wait, which never completes. Kept until the
+        # work is waited or its future consumed (DDP's reducer drops the Work after get_future()).
         self.live_works: dict[int, _WaitingWork] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -404,7 +410,8 @@ class StreamSanitizerMode(TorchDispatchMode):
         def wrap(x):
             if isinstance(x, torch.ScriptObject) and "Work" in str(x._type()):
                 w = _WaitingWork(torch.distributed.Work.unbox(x), self.tracker, done, self.live_works)
-                self.live_works[id(w)] = w
+                with self.tracker.lock:
+                    self.live_works[id(w)] = w
                 return w.boxed()
             return x
         return tuple(wrap(x) for x in out) if isinstance(out, tuple) else wrap(out)

@@ -146,6 +146,7 @@ def _scenarios(rank, world):
             result = {}
             out[p] = _flag(lambda: result.setdefault("losses", _train(p, world)))
             out[p + "_same_losses"] = result.get("losses") == plain[p]
+        out["works_kept"] = len(sanitizer._sanitizer.mode.live_works)
         out["fsdp_missing_wait"] = _fsdp_without_unshard_wait(world)
     finally:
         sanitizer.disable()
@@ -181,6 +182,7 @@ def test_training_runs_clean(results, parallelism):
     for r in results:
         assert r[parallelism] == "clean", r[parallelism]
         assert r[parallelism + "_same_losses"]
+        assert r["works_kept"] == 0   # every Work handed out was waited or had its future consumed (no leak)
 
 
 def test_fsdp_missing_unshard_wait_is_flagged(results):
