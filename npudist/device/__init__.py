@@ -70,7 +70,11 @@ _registration.register(__name__)
 shallow_copy.register()
 linear_ce_defaults.register()
 
-if _os.environ.get("NPUDIST_STREAM_SANITIZER", "0") not in ("", "0"):
+_SANITIZER_FLAG = _os.environ.get("NPUDIST_STREAM_SANITIZER", "0")
+if _SANITIZER_FLAG not in ("", "0", "1"):
+    raise ValueError(f"NPUDIST_STREAM_SANITIZER={_SANITIZER_FLAG!r}: expected 1 (check stream synchronization) "
+                     "or 0 (off, the default)")
+if _SANITIZER_FLAG == "1":
     from npudist.device import sanitizer   # only when asked for (docs/debugging.md): no mode installed otherwise
     sanitizer.enable()
 

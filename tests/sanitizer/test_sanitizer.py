@@ -165,3 +165,10 @@ def test_environment_variable(value, expected):
     out = subprocess.run([sys.executable, "-c", _ENV_PROBE], env=env, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == expected
+
+
+def test_malformed_environment_variable_names_it():
+    env = dict(os.environ, NPUDIST_STREAM_SANITIZER="yes", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    out = subprocess.run([sys.executable, "-c", "import torch, npudist"], env=env, capture_output=True, text=True,
+                         timeout=90)
+    assert out.returncode != 0 and "NPUDIST_STREAM_SANITIZER='yes': expected 1" in out.stderr, out.stderr
