@@ -49,6 +49,19 @@ def test_read_without_wait_is_flagged(san):
     assert err.current.stream == (0, 0) and err.previous.stream == (0, side.stream_id)
 
 
+def test_stream_set_through_torch_accelerator_is_seen(san):
+    side = torch.npu.Stream()
+    a = torch.ones(8, device="npu")
+    side.wait_stream(torch.npu.current_stream())
+    torch.accelerator.set_stream(side)
+    try:
+        b = a * 2
+    finally:
+        torch.accelerator.set_stream(torch.npu.default_stream())
+    with pytest.raises(StreamSanitizerError, match=f"stream {side.stream_id:#x}"):
+        b.sum()
+
+
 def test_write_after_unsynchronized_read_is_flagged(san):
     side = torch.npu.Stream()
     a = torch.ones(8, device="npu")
@@ -78,7 +91,7 @@ def test_new_stream_is_not_ordered_after_earlier_work(san):
 
 @pytest.mark.parametrize("order", [
     "wait_stream", "event_record_wait", "record_event_wait_event", "event_synchronize", "stream_synchronize",
-    "device_synchronize", "blocking_copy_to_host", "item_on_side_stream",
+    "device_synchronize", "blocking_copy_to_host", "item_on_side_stream", "wait_stream_on_plain_torch_stream",
 ])
 def test_synchronized_program_passes(san, order):
     side, b = _produce_on_side_stream()
@@ -100,6 +113,8 @@ def test_synchronized_program_passes(san, order):
     elif order == "blocking_copy_to_host":
         with torch.npu.stream(side):
             b.cpu()   # the host waited for the side stream
+    elif order == "wait_stream_on_plain_torch_stream":   # torch.Stream objects from torch.accelerator & co.
+        cur.wait_stream(torch.Stream(stream_id=side.stream_id, device_index=0, device_type=side.device_type))
     elif order == "item_on_side_stream":
         with torch.npu.stream(side):
             b.sum().item()
