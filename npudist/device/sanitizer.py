@@ -19,6 +19,7 @@ data pointer (a view at an offset escapes it), and its report has no shape/dtype
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import re
 import threading
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -39,6 +42,7 @@ Clock = dict      # StreamKey -> the last sequence number of that stream this st
 # Factories taking a tensor read only its metadata (CSAN's rule).
 _FACTORY = re.compile(r"(new_.*|.*_like)")
 _FUNCTIONAL_NS = "_c10d_functional"
+_NO_DATA = (FakeTensor, FunctionalTensor)   # tensors without device memory
 
 
 @dataclass
@@ -153,6 +157,7 @@ class _Tracker:
         self.clocks = _Clocks()
         self.storages: dict[int, _StorageRecord] = {}
         self.pending: dict[int, Clock] = {}   # storage of a functional collective's output -> completion state
+        self.collectives: collections.Counter[str] = collections.Counter()   # op -> times seen on a comm stream
         self.seq = 0
 
     def on_trace(self, kind: str, *args) -> None:
@@ -235,7 +240,7 @@ def _plain_npu_tensors(value: Any, waited: list) -> list[torch.Tensor]:
                 if type(t).__name__ == "AsyncCollectiveTensor":
                     waited.extend(inner)
                 stack.extend(inner)
-            elif t.device.type == "npu":
+            elif t.device.type == "npu" and not isinstance(t, _NO_DATA):
                 out.append(t)
     return out
 
@@ -365,6 +370,12 @@ class StreamSanitizerMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten.record_stream.default:   # allocator bookkeeping, not an access
             return func(*args, **kwargs)
+        if any(issubclass(t, _NO_DATA) for t in types):
+            return func(*args, **kwargs)   # shape propagation (DTensor's sharding, compile tracing): no device access
+        if any(t is not torch.Tensor and hasattr(t, "__tensor_flatten__") for t in types):
+            # A tensor subclass (DTensor, AsyncCollectiveTensor) handles the op first; the ops it runs on its inner
+            # tensors (local compute, redistribution collectives, waits) come back here one by one.
+            return NotImplemented
         ns, name = func.namespace, func._schema.name.split("::")[-1]
         if ns == _FUNCTIONAL_NS and name == "wait_tensor":
             out = func(*args, **kwargs)
@@ -399,6 +410,7 @@ class StreamSanitizerMode(TorchDispatchMode):
             t.clocks.wait(comm, dict(t.clocks.of(caller)))
         errors = t.launch(comm, acc.reads, acc.writes, fresh, str(func))
         with t.lock:
+            t.collectives[str(func)] += 1
             done = dict(t.clocks.of(comm))
             if func.namespace == _FUNCTIONAL_NS:   # waited by wait_tensor on the output (c10d: by Work.wait)
                 for ptr in acc.writes:

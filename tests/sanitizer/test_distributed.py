@@ -69,8 +69,21 @@ def _collectives(rank, world):
         finally:
             torch.ops._c10d_functional.wait_tensor(z)
 
+    def dtensor_redistribution_inside_dispatch():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Partial
+
+        from npudist.device import sanitizer
+
+        seen = sanitizer._sanitizer.tracker.collectives
+        before = seen["_c10d_functional.all_reduce.default"]
+        partial = DTensor.from_local(torch.full((4,), rank + 1.0, device="npu"), init_device_mesh("npu", (world,)),
+                                     [Partial()])
+        out["dtensor_value"] = torch.relu(partial).to_local()[0].item()   # relu needs the sum: an all_reduce
+        out["dtensor_all_reduces"] = seen["_c10d_functional.all_reduce.default"] - before
+
     for fn in (c10d_waited, c10d_read_before_wait, c10d_write_input_before_wait, functional_waited,
-               functional_read_before_wait_tensor):
+               functional_read_before_wait_tensor, dtensor_redistribution_inside_dispatch):
         out[fn.__name__] = _flag(fn)
     return out
 
@@ -139,14 +152,17 @@ def _scenarios(rank, world):
 
     kinds = ("fsdp", "tp", "ddp")
     plain = {p: _train(p, world) for p in kinds}
-    sanitizer.enable()
     try:
+        sanitizer.enable()
         out = _collectives(rank, world)
         for p in kinds:
+            sanitizer.disable()
+            san = sanitizer.enable()   # a fresh tracker per run: what it saw is this run's
             result = {}
             out[p] = _flag(lambda: result.setdefault("losses", _train(p, world)))
             out[p + "_same_losses"] = result.get("losses") == plain[p]
-        out["works_kept"] = len(sanitizer._sanitizer.mode.live_works)
+            out[p + "_collectives"] = sorted(san.tracker.collectives)
+            out[p + "_works_kept"] = len(san.mode.live_works)
         out["fsdp_missing_wait"] = _fsdp_without_unshard_wait(world)
     finally:
         sanitizer.disable()
@@ -165,6 +181,12 @@ def test_async_collectives_waited_before_use_run_clean(results):
         assert r["functional_gather"] == 24.0
 
 
+def test_collective_inside_dtensor_dispatch_is_seen(results):
+    for r in results:
+        assert r["dtensor_redistribution_inside_dispatch"] == "clean", r["dtensor_redistribution_inside_dispatch"]
+        assert r["dtensor_value"] == 3.0 and r["dtensor_all_reduces"] == 1
+
+
 def test_collective_buffer_read_before_wait_is_flagged(results):
     for r in results:
         msg = r["c10d_read_before_wait"]
@@ -177,12 +199,19 @@ def test_collective_buffer_read_before_wait_is_flagged(results):
         assert "_c10d_functional.all_reduce" in msg and "hccl comm stream" in msg, msg
 
 
+# The gradient collective of each, seen on the comm stream; TP's runs inside DTensor's dispatch.
+COLLECTIVE = {"fsdp": "c10d._reduce_scatter_base_.default", "tp": "_c10d_functional.all_reduce.default",
+              "ddp": "c10d.allreduce_.default"}
+
+
 @pytest.mark.parametrize("parallelism", ["fsdp", "tp", "ddp"])
 def test_training_runs_clean(results, parallelism):
     for r in results:
         assert r[parallelism] == "clean", r[parallelism]
         assert r[parallelism + "_same_losses"]
-        assert r["works_kept"] == 0   # every Work handed out was waited or had its future consumed (no leak)
+        assert r[parallelism + "_works_kept"] == 0   # every Work was waited or had its future consumed (no leak)
+        # the collectives were seen on the comm stream (TP's inside DTensor's dispatch included)
+        assert COLLECTIVE[parallelism] in r[parallelism + "_collectives"], r[parallelism + "_collectives"]
 
 
 def test_fsdp_missing_unshard_wait_is_flagged(results):
