@@ -225,24 +225,10 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return ptr if ptr else id(t.untyped_storage())   # two empty storages must not look like one
 
 
-def _plain_npu_tensors(value: Any, waited: list) -> list[torch.Tensor]:
-    """npu tensors in ``value``, with traceable wrapper subclasses (DTensor, AsyncCollectiveTensor) unwrapped.
-    An AsyncCollectiveTensor waits for its collective before any op uses it: its inner tensor goes to ``waited``."""
-    out = []
-    for leaf in pytree.tree_leaves(value):
-        if not isinstance(leaf, torch.Tensor):
-            continue
-        stack: list[torch.Tensor] = [leaf]
-        while stack:
-            t = stack.pop()
-            if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
-                inner = [x for x in (getattr(t, n) for n in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
-                if type(t).__name__ == "AsyncCollectiveTensor":
-                    waited.extend(inner)
-                stack.extend(inner)
-            elif t.device.type == "npu" and not isinstance(t, _NO_DATA):
-                out.append(t)
-    return out
+def _npu_tensors(value: Any) -> list[torch.Tensor]:
+    """The npu tensors in ``value`` (ops on tensor subclasses never get here: see __torch_dispatch__)."""
+    return [t for t in pytree.tree_leaves(value)
+            if isinstance(t, torch.Tensor) and t.device.type == "npu" and not isinstance(t, _NO_DATA)]
 
 
 class _Accesses:
@@ -252,13 +238,12 @@ class _Accesses:
         self.reads: dict[int, tuple[tuple, list]] = {}
         self.writes: dict[int, tuple[tuple, list]] = {}
         self.inputs: set[int] = set()
-        self.waited: list[torch.Tensor] = []
         self.device: int | None = None
 
     def add(self, value: Any, *, write: bool, read: bool, name: str | None) -> list[int]:
         """Record the npu tensors in ``value``; returns their storages."""
         ptrs = []
-        for t in _plain_npu_tensors(value, self.waited):
+        for t in _npu_tensors(value):
             ptr = _storage_ptr(t)
             ptrs.append(ptr)
             if self.device is None:
@@ -386,7 +371,6 @@ class StreamSanitizerMode(TorchDispatchMode):
         acc = _Accesses()
         collective = name if ns == "c10d" else None
         acc.parse_inputs(func._schema, args, kwargs, factory=bool(_FACTORY.match(name)), collective=collective)
-        self._wait_collectives(acc.waited)
         out = func(*args, **kwargs)
         fresh = acc.parse_outputs(func._schema, out) if collective is None else set()
         if not acc.reads and not acc.writes:
