@@ -5,7 +5,7 @@ import pytest
 
 from dist_helpers import run_ranks
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("sanitizer_dist")]
+pytestmark = pytest.mark.timeout(240)
 
 HIDDEN = 16
 
@@ -169,52 +169,51 @@ def _scenarios(rank, world):
     return out
 
 
-@pytest.fixture(scope="module")
-def results():
-    return run_ranks(_scenarios, 2, backend="hccl", timeout=200)
+def _check_async_collectives_waited_before_use_run_clean(r):
+    assert r["c10d_waited"] == "clean" and r["functional_waited"] == "clean", r
+    assert r["c10d_values"] == [3.0, 48.0, 6.0] and r["functional_value"] == 6.0
+    assert r["functional_gather"] == 24.0
 
 
-def test_async_collectives_waited_before_use_run_clean(results):
-    for r in results:
-        assert r["c10d_waited"] == "clean" and r["functional_waited"] == "clean", r
-        assert r["c10d_values"] == [3.0, 48.0, 6.0] and r["functional_value"] == 6.0
-        assert r["functional_gather"] == 24.0
+def _check_collective_inside_dtensor_dispatch_is_seen(r):
+    assert r["dtensor_redistribution_inside_dispatch"] == "clean", r["dtensor_redistribution_inside_dispatch"]
+    assert r["dtensor_value"] == 3.0 and r["dtensor_all_reduces"] == 1
 
 
-def test_collective_inside_dtensor_dispatch_is_seen(results):
-    for r in results:
-        assert r["dtensor_redistribution_inside_dispatch"] == "clean", r["dtensor_redistribution_inside_dispatch"]
-        assert r["dtensor_value"] == 3.0 and r["dtensor_all_reduces"] == 1
+def _check_collective_buffer_read_before_wait_is_flagged(r):
+    msg = r["c10d_read_before_wait"]
+    assert "reading tensor(shape=(8,), dtype=torch.float32" in msg and "aten.sum" in msg, msg
+    assert "(default stream)" in msg and "hccl comm stream of group" in msg and "c10d.allreduce_" in msg
+    assert "t.sum()   # READ-BEFORE-WAIT" in msg and "dist.all_reduce(t, async_op=True)" in msg
+    msg = r["c10d_write_input_before_wait"]
+    assert "writing" in msg and "aten.zero_" in msg and "c10d._allgather_base_" in msg, msg
+    msg = r["functional_read_before_wait_tensor"]
+    assert "_c10d_functional.all_reduce" in msg and "hccl comm stream" in msg, msg
 
 
-def test_collective_buffer_read_before_wait_is_flagged(results):
-    for r in results:
-        msg = r["c10d_read_before_wait"]
-        assert "reading tensor(shape=(8,), dtype=torch.float32" in msg and "aten.sum" in msg, msg
-        assert "(default stream)" in msg and "hccl comm stream of group" in msg and "c10d.allreduce_" in msg
-        assert "t.sum()   # READ-BEFORE-WAIT" in msg and "dist.all_reduce(t, async_op=True)" in msg
-        msg = r["c10d_write_input_before_wait"]
-        assert "writing" in msg and "aten.zero_" in msg and "c10d._allgather_base_" in msg, msg
-        msg = r["functional_read_before_wait_tensor"]
-        assert "_c10d_functional.all_reduce" in msg and "hccl comm stream" in msg, msg
-
-
-# The gradient collective of each, seen on the comm stream; TP's runs inside DTensor's dispatch.
+# The gradient collective of each, which the sanitizer must have seen on the comm stream.
 COLLECTIVE = {"fsdp": "c10d._reduce_scatter_base_.default", "tp": "_c10d_functional.all_reduce.default",
               "ddp": "c10d.allreduce_.default"}
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "tp", "ddp"])
-def test_training_runs_clean(results, parallelism):
-    for r in results:
-        assert r[parallelism] == "clean", r[parallelism]
-        assert r[parallelism + "_same_losses"]
-        assert r[parallelism + "_works_kept"] == 0   # every Work was waited or had its future consumed (no leak)
-        # the collectives were seen on the comm stream (TP's inside DTensor's dispatch included)
-        assert COLLECTIVE[parallelism] in r[parallelism + "_collectives"], r[parallelism + "_collectives"]
+def _check_training_runs_clean(r, parallelism):
+    assert r[parallelism] == "clean", r[parallelism]
+    assert r[parallelism + "_same_losses"], parallelism
+    assert r[parallelism + "_works_kept"] == 0   # every Work was waited or had its future consumed (no leak)
+    assert COLLECTIVE[parallelism] in r[parallelism + "_collectives"], r[parallelism + "_collectives"]
 
 
-def test_fsdp_missing_unshard_wait_is_flagged(results):
-    for r in results:
-        msg = r["fsdp_missing_wait"]
-        assert "fsdp.split_with_sizes_copy" in msg and "all_gather_output" in msg, msg
+def _check_fsdp_missing_unshard_wait_is_flagged(r):
+    msg = r["fsdp_missing_wait"]
+    assert "fsdp.split_with_sizes_copy" in msg and "all_gather_output" in msg, msg
+
+
+def test_two_ranks_under_the_sanitizer():
+    # One test, one spawn: xdist may spread a module's tests over workers, each paying for the ranks again.
+    for r in run_ranks(_scenarios, 2, backend="hccl", timeout=200):
+        _check_async_collectives_waited_before_use_run_clean(r)
+        _check_collective_inside_dtensor_dispatch_is_seen(r)
+        _check_collective_buffer_read_before_wait_is_flagged(r)
+        for parallelism in ("fsdp", "tp", "ddp"):
+            _check_training_runs_clean(r, parallelism)
+        _check_fsdp_missing_unshard_wait_is_flagged(r)
