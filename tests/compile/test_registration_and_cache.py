@@ -49,3 +49,21 @@ def test_lazy_registration_and_fx_graph_cache_across_processes(tmp_path):
     warm = _run_child(tmp_path)  # a new process, same cache directory
     assert warm["device"] == "npu:0" and warm["ok"]
     assert warm["hit"] >= 1 and warm["miss"] == 0, warm
+
+
+def test_npudist_compile_sources_join_the_cache_keys():
+    """Inductor's and AOTAutograd's cache keys include npu's device_custom_config, which hashes npudist.compile."""
+    import hashlib
+    import pathlib
+
+    import npudist.compile
+    from torch._inductor.codegen.common import custom_backend_codegen_configs
+
+    npudist.compile.register()
+    config = custom_backend_codegen_configs["npu"]
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(npudist.compile.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    assert config.sources_fingerprint == digest.hexdigest()
+    assert "sources_fingerprint" in config.save_config_portable(ignore_private_configs=False, readonly_values=True)
