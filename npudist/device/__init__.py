@@ -4,6 +4,8 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
+import os as _os
+
 from npudist.device import _registration, linear_ce_defaults, shallow_copy
 from npudist.device.core import (
     current_device,
@@ -76,8 +78,19 @@ _registration.register(__name__)
 shallow_copy.register()
 linear_ce_defaults.register()
 
+_SANITIZER_FLAG = _os.environ.get("NPUDIST_STREAM_SANITIZER", "0")
+if _SANITIZER_FLAG not in ("", "0", "1"):
+    raise ValueError(f"NPUDIST_STREAM_SANITIZER={_SANITIZER_FLAG!r}: expected 1 (check stream synchronization) "
+                     "or 0 (off, the default)")
+if _SANITIZER_FLAG == "1":
+    from npudist.device import sanitizer   # only when asked for (docs/debugging.md): no mode installed otherwise
+    sanitizer.enable()
+
 
 def __getattr__(name):
+    if name == "_sanitizer":   # torch.npu._sanitizer.enable_npu_sanitizer(), as torch.cuda._sanitizer
+        from npudist.device import sanitizer
+        return sanitizer
     # Inductor looks up torch.npu.Scheduling & co. on the first torch.compile; npudist.compile answers lazily.
     from npudist.compile import lookup_codegen
     return lookup_codegen(name)

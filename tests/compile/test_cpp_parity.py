@@ -12,8 +12,6 @@ import torch
 from torch import nn
 from torch._inductor.utils import run_and_get_code
 
-from npudist.models.llama import TransformerBlock, compute_rope_cache
-from npudist.plan.schema import ModelConfig
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("compile")]
 
@@ -34,14 +32,6 @@ class NormAndScale(nn.Module):
         rotated = torch.stack((pairs[..., 0] - pairs[..., 1], pairs[..., 0] + pairs[..., 1]), dim=-1).flatten(-2)
         h = torch.cat((rotated, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)), dim=-1)
         return h.var(dim=-1, keepdim=True) + self.proj(x)
-
-
-def _block():
-    args = ModelConfig(dim=32, n_heads=4, ffn_hidden_dim=96, max_seq_len=16)
-    block = TransformerBlock(0, args)
-    block.init_weights()
-    cos, sin = compute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta)
-    return block, (torch.randn(2, 16, 32), cos, sin)
 
 
 def _norm():
@@ -65,9 +55,10 @@ def _kernels(make, device: str) -> list[str]:
     return kernels
 
 
-@pytest.mark.parametrize("make", [_block, _norm], ids=["llama_block", "norm_cat_div_var"])
-def test_npu_gets_the_cpu_kernels(make):
-    cpu, npu = _kernels(make, "cpu"), _kernels(make, "npu")
+def test_npu_gets_the_cpu_kernels():
+    # One model reaches every wrapped branch (the Llama block's RoPE is its stack/cat case); compiling the block too
+    # would double the test's CI time (g++ on four graphs) for no branch more. benchmarks/compile.py runs the block.
+    cpu, npu = _kernels(_norm, "cpu"), _kernels(_norm, "npu")
     assert len(npu) == len(cpu)
     for i, (c, n) in enumerate(zip(cpu, npu)):
         assert n == c, f"kernel {i} differs between npu and cpu:\n--- cpu\n{c}\n--- npu\n{n}"
