@@ -78,7 +78,9 @@ def test_memory_viz_reads_snapshot(history, tmp_path):
     summary = _memory_viz.segsum(snap)
     assert "segments:" in summary and "total_reserved" in summary
     events = _memory_viz.trace(snap)
-    assert re.search(r"\w+ = seg_\d+\[0:3.0MiB\]", events) and "del " in events
+    # The block is a slice of a segment that existed before recording ("seg_N") or of one allocated while
+    # recording (named like a variable after its "cudaMalloc" line): which one depends on the tests before.
+    assert re.search(r"\w+ = \w+\[0:3.0MiB\]", events) and "del " in events
     html = _memory_viz.trace_plot(snap)
     payload = json.loads(re.search(r"(\[\{\"name\": \"snapshot.pickle\".*?\}\])", html).group(1))
     embedded = pickle.loads(base64.b64decode(payload[0]["base64"]))
