@@ -16,12 +16,19 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <ATen/EmptyTensor.h>
+
 #include <algorithm>
-#include <memory>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "allocator/npu_allocator.h"
+#include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -115,14 +122,30 @@ at::Tensor as_cpu(const at::Tensor& t, const char* what) {
 
 // HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
 void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  // Compute is host-synchronous, so non_blocking copies complete before returning.
+  const bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
+  if (src_npu && dst_npu && src.device() == dst.device() && !launch::blocking() && !profiler::active()) {
+    // npu -> npu: a queued kernel, like every other op. The aliases keep both storages alive until it ran.
+    at::Tensor src_cpu = cpu_alias(src), dst_cpu = cpu_alias(dst);
+    launch::enqueue(dst.device().index(), "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
+    return;
+  }
+  // Host <-> npu (and cross-device) copies touch the bytes now, after the queued work of the npu sides:
+  // a D2H copy waits like cudaMemcpy, an H2D copy reads the pageable source before returning (so the
+  // caller may reuse it), whether or not non_blocking was asked for.
+  launch::count_synchronous();
+  if (src_npu) launch::drain(src.device().index());
+  if (dst_npu && !(src_npu && src.device() == dst.device())) launch::drain(dst.device().index());
   at::Tensor src_cpu = as_cpu(src, "source");
   at::Tensor dst_cpu = as_cpu(dst, "destination");
   dst_cpu.copy_(src_cpu, non_blocking);
 }
 
 // HOST-MEMORY: reads the element in place; a real device copies it to the host (aclrtMemcpy D2H) first.
-c10::Scalar read_scalar(const at::Tensor& t) { return at::_local_scalar_dense(cpu_alias(t)); }
+c10::Scalar read_scalar(const at::Tensor& t) {
+  launch::count_synchronous();
+  launch::drain(t.device().index());
+  return at::_local_scalar_dense(cpu_alias(t));
+}
 
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& g) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -190,6 +213,83 @@ bool is_optional_tensor_list(const c10::Argument& a) {
          e->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
 }
 
+bool has_written_argument(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& a : schema.arguments()) {
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+// View ops (every return aliases an argument, nothing is written) read no data: they run at once.
+bool is_view_schema(const c10::FunctionSchema& schema) {
+  if (schema.returns().empty() || has_written_argument(schema)) return false;
+  for (const c10::Argument& r : schema.returns()) {
+    if (!r.alias_info() || r.alias_info()->isWrite()) return false;
+  }
+  return true;
+}
+
+bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+bool is_tensor_list_type(const c10::TypePtr& t) {
+  return t->kind() == c10::TypeKind::ListType && is_tensor_type(t->castRaw<c10::ListType>()->getElementType());
+}
+
+// Ops that may be queued: they return only tensors (a bool/Scalar/int result is data the caller needs
+// now) and their output shapes do not depend on the data. The Meta kernel refuses most data-dependent
+// ops by itself; these are named so that a permissive Meta kernel cannot make them asynchronous.
+bool async_candidate(const c10::FunctionSchema& schema) {
+  static const std::unordered_set<std::string> kDataDependent = {
+      "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select", "aten::unique",
+      "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
+      "aten::unique_dim_consecutive", "aten::repeat_interleave", "aten::bincount", "aten::histc",
+      "aten::histogram", "aten::_local_scalar_dense", "aten::_assert_async", "aten::_assert_scalar",
+      "aten::_print", "aten::equal", "aten::allclose", "aten::is_nonzero"};
+  for (const c10::Argument& r : schema.returns()) {
+    if (!is_tensor_type(r.type()) && !is_tensor_list_type(r.type())) return false;
+  }
+  return kDataDependent.count(schema.name()) == 0;
+}
+
+// The out= overload of a functional op: the same arguments followed by one written keyword-only tensor
+// per return (e.g. mm -> mm.out, sum.dim_IntList -> sum.IntList_out). Looked up once per op.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::vector<c10::OperatorName>> by_name;
+  static std::unordered_map<std::string, std::optional<c10::OperatorHandle>> cache;
+  const c10::FunctionSchema& fs = op.schema();
+  std::string key = fs.name() + "." + fs.overload_name();
+  std::lock_guard<std::mutex> lk(mu);
+  auto hit = cache.find(key);
+  if (hit != cache.end()) return hit->second;
+  if (by_name.empty()) {
+    for (const c10::OperatorName& n : c10::Dispatcher::singleton().getAllOpNames()) by_name[n.name].push_back(n);
+  }
+  std::optional<c10::OperatorHandle> found;
+  for (const c10::OperatorName& cand : by_name[fs.name()]) {
+    auto h = c10::Dispatcher::singleton().findOp(cand);
+    if (!h || !h->hasSchema()) continue;
+    const c10::FunctionSchema& cs = h->schema();
+    const size_t n = fs.arguments().size(), nout = fs.returns().size();
+    if (cs.arguments().size() != n + nout || cs.returns().size() != nout) continue;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; ++i) {
+      ok = cs.arguments()[i].name() == fs.arguments()[i].name() && *cs.arguments()[i].type() == *fs.arguments()[i].type();
+    }
+    for (size_t i = n; ok && i < n + nout; ++i) {
+      const c10::Argument& a = cs.arguments()[i];
+      ok = a.kwarg_only() && is_tensor_type(a.type()) && a.alias_info() && a.alias_info()->isWrite();
+    }
+    if (ok && (h->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+               h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+               h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
+      found = *h;
+      break;
+    }
+  }
+  cache.emplace(key, found);
+  return found;
+}
+
 class Fallback {
  public:
   Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) : op_(op), stack_(stack) {}
@@ -205,7 +305,21 @@ class Fallback {
     if (!pending_cpu_.empty() && !allows_cpu_tensors(op_.schema().operator_name())) {
       fail_device_mismatch(op_, pending_cpu_.front().first, pending_cpu_.front().second, device_);
     }
-    for (size_t i = 0; i < nargs; ++i) substitute(args[i], (*stack_)[begin + i]);
+    if (is_view_schema(op_.schema())) {  // metadata only: no data access, nothing to wait for
+      launch::count_metadata();
+      run_now(begin);
+      return;
+    }
+    if (!launch::blocking() && !profiler::active() && launch_async(begin)) return;
+    launch::count_synchronous();
+    launch::drain(device_);
+    run_now(begin);
+  }
+
+  // The op's CPU kernel on the calling thread (synchronous; the caller ordered it after queued work).
+  void run_now(size_t begin) {
+    const auto& args = op_.schema().arguments();
+    for (size_t i = 0; i < args.size(); ++i) substitute(args[i], (*stack_)[begin + i]);
 
     DeviceScope ds(device_);
     AdoptScope adopt(device_);
@@ -224,7 +338,217 @@ class Fallback {
     if (gen) end_random_op(gen, static_cast<uint64_t>(max_numel));
   }
 
+  // ---- asynchronous launch -----------------------------------------------------------------------
+  // Output inference: the op's Meta kernel on meta tensors with the arguments' geometry. Outputs are
+  // allocated on npu with the Meta kernel's strides and the CPU kernel is queued on the current stream,
+  // writing into them (through the op's out= overload when it has one, else functional + copy). Returns
+  // false, having changed nothing, when the op cannot be inferred that way: it then runs synchronously.
+  bool launch_async(size_t begin) {
+    const auto& schema = op_.schema();
+    if (!pending_cpu_.empty() || !async_candidate(schema)) return false;
+    const auto& args = schema.arguments();
+    torch::jit::Stack meta(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
+    for (size_t i = 0; i < args.size(); ++i) to_meta(args[i], meta[i]);
+    try {
+      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const std::exception&) {
+      return false;  // no Meta kernel, data-dependent output, or a bad argument (the CPU kernel reports it)
+    }
+    for (const MetaArg& m : metas_) {
+      if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
+          m.meta.storage_offset() != m.orig.storage_offset()) {
+        return false;  // the op resizes/restrides an argument (e.g. an empty out=): synchronous
+      }
+    }
+    // Classify the returns: an argument written in place, a view of an argument, or a new tensor.
+    std::vector<at::Tensor> results;  // npu tensors to return, flattened
+    std::vector<bool> fresh;          // per flattened return: newly allocated
+    bool any_view = false, any_new = false, lists = false;
+    for (const c10::IValue& v : meta) {
+      if (v.isTensor()) {
+        if (!classify(v.toTensor(), results, fresh, any_view, any_new)) return false;
+      } else if (v.isTensorList()) {
+        lists = true;
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (!classify(t, results, fresh, any_view, any_new)) return false;
+        }
+      } else {
+        return false;
+      }
+    }
+    if (any_view) {
+      if (any_new || has_written_argument(schema)) return false;
+      launch::count_metadata();  // an op whose outputs are views (e.g. _unsafe_view): metadata only
+      run_now(begin);
+      return true;
+    }
+    std::optional<c10::OperatorHandle> out_op;
+    if (any_new && !lists && std::all_of(fresh.begin(), fresh.end(), [](bool b) { return b; })) {
+      out_op = find_out_overload(op_);
+    }
+
+    // Commit: allocate outputs, build the CPU call, hand the arguments to the queued kernel.
+    std::vector<at::Tensor> outs;  // CPU aliases of the fresh outputs
+    int64_t max_numel = max_numel_;
+    {
+      DeviceScope ds(device_);
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (!fresh[i]) continue;
+        const at::Tensor& r = results[i];
+        results[i] = at::detail::empty_strided_generic(r.sizes(), r.strides(), memory::allocator(),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                       r.scalar_type());
+        outs.push_back(cpu_alias(results[i]));
+        max_numel = std::max<int64_t>(max_numel, r.numel());
+      }
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      c10::IValue& v = (*stack_)[begin + i];
+      substitute(args[i], v);
+      // A CPU scalar tensor (not a wrapped Python number) may be changed by the caller after the call.
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu() &&
+          !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+        v = c10::IValue(v.toTensor().clone());
+      }
+    }
+    c10::GeneratorImpl* gen = nullptr;
+    std::unique_lock<std::mutex> gen_lock;
+    if (needs_generator_) {
+      gen = npu_generator_for(generator_, device_);
+      gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
+      (*stack_)[begin + generator_slot_] = c10::IValue(begin_random_op(gen));
+    }
+    torch::jit::Stack call(std::make_move_iterator(stack_->begin() + static_cast<std::ptrdiff_t>(begin)),
+                           std::make_move_iterator(stack_->end()));
+    stack_->resize(begin);
+    launch::enqueue(device_, op_name(), [op = op_, out_op, call = std::move(call), outs = std::move(outs),
+                                         fresh]() mutable {
+      run_queued(op, out_op, call, outs, fresh);
+    });
+    if (gen) end_random_op(gen, static_cast<uint64_t>(max_numel));
+    // Push the returns in schema order (lists rebuilt from the flattened results).
+    size_t k = 0;
+    for (const c10::IValue& v : meta) {
+      if (v.isTensor()) {
+        stack_->emplace_back(results[k++]);
+      } else {
+        c10::List<at::Tensor> out;
+        for (size_t n = v.toTensorList().size(); n > 0; --n) out.push_back(results[k++]);
+        stack_->emplace_back(std::move(out));
+      }
+    }
+    return true;
+  }
+
+  // The queued kernel (on the stream's worker).
+  static void run_queued(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
+                         torch::jit::Stack& call, std::vector<at::Tensor>& outs, const std::vector<bool>& fresh) {
+    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+    if (out_op) {
+      std::vector<const void*> data;
+      for (const at::Tensor& o : outs) {
+        data.push_back(o.const_data_ptr());
+        call.emplace_back(o);
+      }
+      out_op->redispatchBoxed(cpu, &call);
+      for (size_t i = 0; i < outs.size(); ++i) {
+        TORCH_CHECK(outs[i].const_data_ptr() == data[i], "the CPU kernel of ", out_op->schema().operator_name(),
+                    " resized its output: its Meta kernel inferred a different shape");
+      }
+      return;
+    }
+    op.redispatchBoxed(cpu, &call);
+    size_t k = 0, o = 0;
+    auto take = [&](const at::Tensor& r) {
+      if (!fresh[k++]) return;
+      at::Tensor& dst = outs[o++];
+      TORCH_CHECK(r.sizes() == dst.sizes() && r.scalar_type() == dst.scalar_type(), "the CPU kernel of ",
+                  op.schema().operator_name(), " returned ", r.sizes(), " ", r.scalar_type(),
+                  " but its Meta kernel inferred ", dst.sizes(), " ", dst.scalar_type());
+      dst.copy_(r);
+    };
+    for (const c10::IValue& v : call) {
+      if (v.isTensor()) take(v.toTensor());
+      else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) take(t);
+    }
+  }
+
+  // A meta return: the meta alias of an argument (written in place), a view of an argument's storage, or
+  // a new dense tensor to allocate. False for what npu outputs cannot be preallocated for.
+  bool classify(const at::Tensor& r, std::vector<at::Tensor>& results, std::vector<bool>& fresh, bool& any_view,
+                bool& any_new) {
+    if (!r.defined() || !r.is_meta()) return false;
+    for (const MetaArg& m : metas_) {
+      if (m.meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
+        results.push_back(m.orig);
+        fresh.push_back(false);
+        return true;
+      }
+    }
+    for (const MetaArg& m : metas_) {
+      if (m.meta.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
+        any_view = true;
+        results.push_back(at::Tensor());
+        fresh.push_back(false);
+        return true;
+      }
+    }
+    if (r.storage_offset() != 0 || !r.is_non_overlapping_and_dense() || r.is_conj() || r.is_neg()) return false;
+    any_new = true;
+    results.push_back(r);
+    fresh.push_back(true);
+    return true;
+  }
+
+  void to_meta(const c10::Argument& arg, c10::IValue& v) {
+    if (v.isTensor()) {
+      v = c10::IValue(meta_of(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(meta_of(t));
+      v = c10::IValue(std::move(out));
+    } else if (v.isList() && is_optional_tensor_list(arg)) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& e : v.toListRef()) {
+        out.push_back(e.isTensor() ? std::optional<at::Tensor>(meta_of(e.toTensor())) : std::nullopt);
+      }
+      v = c10::IValue(std::move(out));
+    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
+      v = c10::IValue(c10::Device(c10::kMeta));
+    }
+  }
+
+  // A meta tensor with t's geometry; arguments on one npu storage share one meta storage.
+  at::Tensor meta_of(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNpu) return t;
+    c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+    std::optional<c10::Storage> storage;
+    for (const MetaArg& m : metas_) {
+      if (m.orig.storage().unsafeGetStorageImpl() == si) storage = m.meta.storage();
+    }
+    if (!storage) {
+      storage = c10::Storage(c10::Storage::use_byte_size_t(), si->nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                             c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(*storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                     t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (t.is_conj()) impl->_set_conj(true);
+    if (t.is_neg()) impl->_set_neg(true);
+    at::Tensor m(std::move(impl));
+    metas_.push_back(MetaArg{t, m});
+    return m;
+  }
+
+  const char* op_name() const { return op_.schema().name().c_str(); }
+
  private:
+  struct MetaArg {
+    at::Tensor orig;  // the npu argument
+    at::Tensor meta;  // its meta stand-in
+  };
+  c10::SmallVector<MetaArg, 4> metas_;
+
   void note_tensor(const at::Tensor& t, const std::string& name) {
     if (!t.defined()) return;
     c10::Device d = t.device();

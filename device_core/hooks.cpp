@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "allocator/npu_allocator.h"
+#include "launch.h"
 #include "npu_tensor.h"
 
 namespace npudist {
@@ -214,11 +215,21 @@ void resize_npu_storage(c10::StorageImpl* s, size_t nbytes) {
   DeviceScope ds(dev);
   c10::DataPtr fresh = nbytes ? memory::allocator()->allocate(nbytes) : c10::DataPtr(nullptr, s->device());
   size_t keep = std::min(nbytes, s->nbytes());
-  if (keep && s->data_ptr().get()) {
-    rt::check(rt::api().memcpy(fresh.get(), s->data_ptr().get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
-  }
-  s->set_data_ptr_noswap(std::move(fresh));
+  void* dst = fresh.get();
+  c10::DataPtr old = s->set_data_ptr(std::move(fresh));
   s->set_nbytes(nbytes);
+  if (!old.get()) return;
+  if (launch::blocking()) {
+    if (keep) rt::check(rt::api().memcpy(dst, old.get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
+    return;
+  }
+  // Queued kernels may still use the old bytes (e.g. FSDP's resize_(0) right after the last use): copy and
+  // free them in stream order, as a queued task that owns them.
+  auto held = std::make_shared<c10::DataPtr>(std::move(old));
+  launch::enqueue(dev, "storage resize", [held, dst, keep]() {
+    if (keep) rt::check(rt::api().memcpy(dst, held->get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
+    held->clear();
+  });
 }
 
 void register_hooks() {

@@ -2,7 +2,10 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include <frameobject.h>
+
 #include "allocator/npu_allocator.h"
+#include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -26,6 +29,24 @@ void restore_gil(void* token) {
   if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
 }
 
+// The Python line launching an npu op ("file.py:12"), for errors of queued kernels. Ops called from Python
+// run with the GIL released; take it back briefly. Threads without Python (the autograd engine's device
+// threads) have no line to report.
+std::string python_launch_site() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return "a thread without Python frames";
+  PyGILState_STATE g = PyGILState_Ensure();
+  std::string site;
+  if (PyFrameObject* f = PyEval_GetFrame()) {  // borrowed
+    PyCodeObject* code = PyFrame_GetCode(f);   // new reference
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    site = std::string(file ? file : "?") + ":" + std::to_string(PyFrame_GetLineNumber(f));
+    Py_DECREF(code);
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(g);
+  return site;
+}
+
 py::tuple device_properties(int d) {
   check_index(d);
   NpudistDeviceProperties p{};
@@ -44,6 +65,7 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   size_t redirected = register_cpu_kernel_redirects();
   rt::api().set_blocking_hooks(&release_gil_if_held, &restore_gil);
+  launch::set_site_fn(&python_launch_site);
   memory::init_bindings(m);
   profiler::init_bindings(m);
 
@@ -58,7 +80,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_properties", &device_properties, "(name, total_memory, physical_index) of a device.");
   m.def("_is_initialized", [] { return rt::api().is_initialized() != 0; });
   m.def("_mark_initialized", [] { rt::api().mark_initialized(); });
-  m.def("_synchronize", [](int d) { check_index(d); rt::check(rt::api().device_synchronize(d)); }, nogil);
+  m.def("_synchronize", [](int d) {
+    check_index(d);
+    rt::check(rt::api().device_synchronize(d));
+    launch::raise_pending_error();
+  }, nogil);
+  m.def("_launch_blocking", [] { return launch::blocking(); },
+        "True when ASCEND_LAUNCH_BLOCKING/NPUDIST_LAUNCH_BLOCKING made every npu op synchronous.");
+  m.def("_launch_counts", [] {
+    launch::Counts c = launch::counts();
+    return py::dict(py::arg("queued") = c.queued, py::arg("synchronous") = c.synchronous,
+                    py::arg("metadata") = c.metadata);
+  }, "Ops by launch path since the last reset: queued kernels, synchronous (drained) ops, metadata ops.");
+  m.def("_reset_launch_counts", [] { launch::reset_counts(); });
   m.def("_current_stream", [](int d) { check_index(d); return rt::api().get_stream(d); });
   m.def("_set_stream", [](int d, int64_t s) {
     check_index(d);
@@ -73,6 +107,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_stream_synchronize", [](int d, int64_t s) {
     check_index(d);
     rt::check(rt::api().stream_synchronize(d, s));
+    launch::raise_pending_error();
   }, nogil);
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
   m.def("_default_generator", [](int d) {

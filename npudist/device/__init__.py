@@ -4,7 +4,7 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
-from npudist.device import _registration, linear_ce_defaults, shallow_copy
+from npudist.device import _registration, launch, linear_ce_defaults, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -67,6 +67,7 @@ __all__ = [
 _registration.register(__name__)
 shallow_copy.register()
 linear_ce_defaults.register()
+launch.register()
 
 
 def __getattr__(name):
