@@ -290,6 +290,44 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& 
   return found;
 }
 
+// What the Meta kernel inferred for one argument signature (see Fallback::signature).
+struct Inferred {
+  struct Out {
+    int arg;  // >= 0: the npu argument (in visiting order) written in place; -1: new tensor; -2: a view
+    std::vector<int64_t> sizes, strides;
+    c10::ScalarType dtype;
+  };
+  bool ok = false;         // false: run synchronously
+  bool view = false;       // every output is a view of an argument: run at once, no data access
+  bool all_fresh = false;  // every return is a new tensor (no lists): the out= overload can write them
+  std::vector<Out> outs;   // flattened returns
+  std::vector<int64_t> list_sizes;  // per return: -1 for a tensor, else the list's length
+};
+
+class InferredCache {
+ public:
+  std::shared_ptr<const Inferred> find(const std::string& key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  void store(const std::string& key, std::shared_ptr<const Inferred> inf) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (map_.size() >= kMaxEntries) map_.clear();  // a program with ever-new shapes: start over
+    map_.emplace(key, std::move(inf));
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 8192;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const Inferred>> map_;
+};
+
+InferredCache& inferred_cache() {
+  static auto* cache = new InferredCache();  // never destroyed: ops may run during static destruction
+  return *cache;
+}
+
 class Fallback {
  public:
   Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) : op_(op), stack_(stack) {}
@@ -347,45 +385,32 @@ class Fallback {
     const auto& schema = op_.schema();
     if (!pending_cpu_.empty() || !async_candidate(schema)) return false;
     const auto& args = schema.arguments();
-    torch::jit::Stack meta(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
-    for (size_t i = 0; i < args.size(); ++i) to_meta(args[i], meta[i]);
-    try {
-      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const std::exception&) {
-      return false;  // no Meta kernel, data-dependent output, or a bad argument (the CPU kernel reports it)
+    // Output geometry depends only on the arguments' metadata: look it up by that, and run the Meta kernel
+    // (Python for many ops) only for a new signature.
+    std::string key;
+    std::vector<at::Tensor> npu_args;  // in the order to_meta visits them
+    const bool cacheable = signature(begin, key, npu_args);
+    std::shared_ptr<const Inferred> inf = cacheable ? inferred_cache().find(key) : nullptr;
+    if (!inf) {
+      inf = infer(begin);
+      if (cacheable) inferred_cache().store(key, inf);
+    } else {
+      metas_.clear();
     }
-    for (const MetaArg& m : metas_) {
-      if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
-          m.meta.storage_offset() != m.orig.storage_offset()) {
-        return false;  // the op resizes/restrides an argument (e.g. an empty out=): synchronous
-      }
-    }
-    // Classify the returns: an argument written in place, a view of an argument, or a new tensor.
-    std::vector<at::Tensor> results;  // npu tensors to return, flattened
-    std::vector<bool> fresh;          // per flattened return: newly allocated
-    bool any_view = false, any_new = false, lists = false;
-    for (const c10::IValue& v : meta) {
-      if (v.isTensor()) {
-        if (!classify(v.toTensor(), results, fresh, any_view, any_new)) return false;
-      } else if (v.isTensorList()) {
-        lists = true;
-        for (const at::Tensor& t : v.toTensorList()) {
-          if (!classify(t, results, fresh, any_view, any_new)) return false;
-        }
-      } else {
-        return false;
-      }
-    }
-    if (any_view) {
-      if (any_new || has_written_argument(schema)) return false;
+    if (!inf->ok) return false;
+    if (inf->view) {
       launch::count_metadata();  // an op whose outputs are views (e.g. _unsafe_view): metadata only
       run_now(begin);
       return true;
     }
-    std::optional<c10::OperatorHandle> out_op;
-    if (any_new && !lists && std::all_of(fresh.begin(), fresh.end(), [](bool b) { return b; })) {
-      out_op = find_out_overload(op_);
+    std::vector<at::Tensor> results;  // npu tensors to return, flattened
+    std::vector<bool> fresh;          // per flattened return: newly allocated
+    for (const Inferred::Out& o : inf->outs) {
+      fresh.push_back(o.arg < 0);
+      results.push_back(o.arg < 0 ? at::Tensor() : npu_args.at(static_cast<size_t>(o.arg)));
     }
+    std::optional<c10::OperatorHandle> out_op;
+    if (inf->all_fresh) out_op = find_out_overload(op_);
 
     // Commit: allocate outputs, build the CPU call, hand the arguments to the queued kernel.
     std::vector<at::Tensor> outs;  // CPU aliases of the fresh outputs
@@ -394,29 +419,27 @@ class Fallback {
       DeviceScope ds(device_);
       for (size_t i = 0; i < results.size(); ++i) {
         if (!fresh[i]) continue;
-        const at::Tensor& r = results[i];
-        results[i] = at::detail::empty_strided_generic(r.sizes(), r.strides(), memory::allocator(),
-                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                       r.scalar_type());
+        const Inferred::Out& o = inf->outs[i];
+        results[i] = at::detail::empty_strided_generic(o.sizes, o.strides, memory::allocator(),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), o.dtype);
         outs.push_back(cpu_alias(results[i]));
-        max_numel = std::max<int64_t>(max_numel, r.numel());
+        max_numel = std::max<int64_t>(max_numel, results[i].numel());
       }
     }
     for (size_t i = 0; i < args.size(); ++i) {
       c10::IValue& v = (*stack_)[begin + i];
-      substitute(args[i], v);
       // A CPU scalar tensor (not a wrapped Python number) may be changed by the caller after the call.
       if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu() &&
           !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
         v = c10::IValue(v.toTensor().clone());
       }
+      substitute(args[i], v);
     }
-    c10::GeneratorImpl* gen = nullptr;
-    std::unique_lock<std::mutex> gen_lock;
-    if (needs_generator_) {
-      gen = npu_generator_for(generator_, device_);
-      gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
+    if (needs_generator_) {  // the random stream is reserved in launch order, as in blocking mode
+      c10::GeneratorImpl* gen = npu_generator_for(generator_, device_);
+      std::lock_guard<std::mutex> gen_lock(npu_generator_mutex(gen));
       (*stack_)[begin + generator_slot_] = c10::IValue(begin_random_op(gen));
+      end_random_op(gen, static_cast<uint64_t>(max_numel));
     }
     torch::jit::Stack call(std::make_move_iterator(stack_->begin() + static_cast<std::ptrdiff_t>(begin)),
                            std::make_move_iterator(stack_->end()));
@@ -425,15 +448,14 @@ class Fallback {
                                          fresh]() mutable {
       run_queued(op, out_op, call, outs, fresh);
     });
-    if (gen) end_random_op(gen, static_cast<uint64_t>(max_numel));
     // Push the returns in schema order (lists rebuilt from the flattened results).
     size_t k = 0;
-    for (const c10::IValue& v : meta) {
-      if (v.isTensor()) {
+    for (int64_t n : inf->list_sizes) {
+      if (n < 0) {
         stack_->emplace_back(results[k++]);
       } else {
         c10::List<at::Tensor> out;
-        for (size_t n = v.toTensorList().size(); n > 0; --n) out.push_back(results[k++]);
+        for (int64_t j = 0; j < n; ++j) out.push_back(results[k++]);
         stack_->emplace_back(std::move(out));
       }
     }
@@ -473,30 +495,147 @@ class Fallback {
     }
   }
 
+  // Runs the Meta kernel on meta stand-ins of the arguments and describes the outputs (not ok: the op
+  // runs synchronously).
+  std::shared_ptr<const Inferred> infer(size_t begin) {
+    auto inf = std::make_shared<Inferred>();
+    const auto& args = op_.schema().arguments();
+    metas_.clear();
+    torch::jit::Stack meta(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
+    for (size_t i = 0; i < args.size(); ++i) to_meta(args[i], meta[i]);
+    try {
+      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const std::exception&) {
+      return inf;  // no Meta kernel, data-dependent output, or a bad argument (the CPU kernel reports it)
+    }
+    for (const MetaArg& m : metas_) {
+      if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
+          m.meta.storage_offset() != m.orig.storage_offset()) {
+        return inf;  // the op resizes/restrides an argument (e.g. an empty out=): synchronous
+      }
+    }
+    bool any_view = false, any_new = false, lists = false;
+    for (const c10::IValue& v : meta) {
+      if (v.isTensor()) {
+        inf->list_sizes.push_back(-1);
+        if (!classify(v.toTensor(), *inf, any_view, any_new)) return inf;
+      } else if (v.isTensorList()) {
+        lists = true;
+        inf->list_sizes.push_back(static_cast<int64_t>(v.toTensorList().size()));
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (!classify(t, *inf, any_view, any_new)) return inf;
+        }
+      } else {
+        return inf;
+      }
+    }
+    if (any_view) {
+      if (any_new || has_written_argument(op_.schema())) return inf;
+      inf->view = true;
+    }
+    inf->all_fresh = any_new && !lists &&
+                     std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg < 0; });
+    inf->ok = true;
+    return inf;
+  }
+
   // A meta return: the meta alias of an argument (written in place), a view of an argument's storage, or
   // a new dense tensor to allocate. False for what npu outputs cannot be preallocated for.
-  bool classify(const at::Tensor& r, std::vector<at::Tensor>& results, std::vector<bool>& fresh, bool& any_view,
-                bool& any_new) {
+  bool classify(const at::Tensor& r, Inferred& inf, bool& any_view, bool& any_new) {
     if (!r.defined() || !r.is_meta()) return false;
-    for (const MetaArg& m : metas_) {
-      if (m.meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
-        results.push_back(m.orig);
-        fresh.push_back(false);
+    for (size_t i = 0; i < metas_.size(); ++i) {
+      if (metas_[i].meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
+        inf.outs.push_back(Inferred::Out{static_cast<int>(i), {}, {}, r.scalar_type()});
         return true;
       }
     }
     for (const MetaArg& m : metas_) {
       if (m.meta.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
         any_view = true;
-        results.push_back(at::Tensor());
-        fresh.push_back(false);
+        inf.outs.push_back(Inferred::Out{-2, {}, {}, r.scalar_type()});
         return true;
       }
     }
     if (r.storage_offset() != 0 || !r.is_non_overlapping_and_dense() || r.is_conj() || r.is_neg()) return false;
     any_new = true;
-    results.push_back(r);
-    fresh.push_back(true);
+    inf.outs.push_back(Inferred::Out{-1, r.sizes().vec(), r.strides().vec(), r.scalar_type()});
+    return true;
+  }
+
+  // The key of everything a Meta kernel can see: per npu tensor its dtype, geometry, storage size and which
+  // earlier argument shares its storage; per CPU tensor its dtype, rank and wrapped-number bit; the values
+  // of all other arguments. False (not cacheable) for argument kinds it does not encode.
+  bool signature(size_t begin, std::string& key, std::vector<at::Tensor>& npu_args) const {
+    auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
+    auto put_i = [&put](int64_t v) { put(&v, sizeof v); };
+    const void* op_id = &op_.schema();
+    put(&op_id, sizeof op_id);
+    std::vector<const c10::StorageImpl*> storages;
+    auto put_tensor = [&](const at::Tensor& t) {
+      if (!t.defined()) return put_i(-50);
+      put_i(static_cast<int64_t>(t.scalar_type()));
+      if (t.device().type() != kNpu) {
+        put_i(-100 - t.dim());
+        return put_i(t.unsafeGetTensorImpl()->is_wrapped_number());
+      }
+      npu_args.push_back(t);
+      const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+      auto it = std::find(storages.begin(), storages.end(), si);
+      put_i(it - storages.begin());
+      if (it == storages.end()) storages.push_back(si);
+      put_i(static_cast<int64_t>(si->nbytes()));
+      put_i(t.dim());
+      for (int64_t d : t.sizes()) put_i(d);
+      for (int64_t d : t.strides()) put_i(d);
+      put_i(t.storage_offset());
+      put_i(t.is_conj() * 2 + t.is_neg());
+    };
+    const auto& args = op_.schema().arguments();
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = (*stack_)[begin + i];
+      // Each kind writes a distinct marker first, so different kinds never produce the same bytes.
+      if (v.isTensor()) {
+        put_i(-1);
+        put_tensor(v.toTensor());
+      } else if (v.isTensorList()) {
+        put_i(-2);
+        put_i(static_cast<int64_t>(v.toTensorList().size()));
+        for (const at::Tensor& t : v.toTensorList()) put_tensor(t);
+      } else if (v.isList() && is_optional_tensor_list(args[i])) {
+        put_i(-3);
+        put_i(static_cast<int64_t>(v.toListRef().size()));
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isTensor()) put_tensor(e.toTensor());
+          else put_i(-51);
+        }
+      } else if (v.isInt() || v.isBool()) {
+        put_i(v.isInt() ? -4 : -5);
+        put_i(v.isInt() ? v.toInt() : v.toBool());
+      } else if (v.isDouble()) {
+        put_i(-6);
+        double d = v.toDouble();
+        put(&d, sizeof d);
+      } else if (v.isIntList()) {
+        put_i(-7);
+        put_i(static_cast<int64_t>(v.toIntList().size()));
+        for (int64_t x : v.toIntList()) put_i(x);
+      } else if (v.isString()) {
+        put_i(-8);
+        put_i(static_cast<int64_t>(v.toStringRef().size()));
+        key += v.toStringRef();
+      } else if (v.isDevice()) {
+        put_i(-9);
+        put_i(static_cast<int64_t>(v.toDevice().type()));
+      } else if (v.isComplexDouble()) {
+        put_i(-10);
+        c10::complex<double> c = v.toComplexDouble();
+        put(&c, sizeof c);
+      } else if (v.isNone() || v.isGenerator()) {
+        put_i(v.isNone() ? -11 : -12);
+      } else {
+        return false;
+      }
+    }
     return true;
   }
 
