@@ -392,10 +392,15 @@ class Fallback {
     const bool cacheable = signature(begin, key, npu_args);
     std::shared_ptr<const Inferred> inf = cacheable ? inferred_cache().find(key) : nullptr;
     if (!inf) {
-      inf = infer(begin);
-      if (cacheable) inferred_cache().store(key, inf);
-    } else {
-      metas_.clear();
+      // A new signature runs synchronously once, and is queued from then on only if the CPU kernel's outputs
+      // matched the Meta kernel's inference exactly (some Meta kernels differ, e.g. _embedding_bag's
+      // offset2bag); not cacheable signatures always run synchronously.
+      std::shared_ptr<const Inferred> inferred = cacheable ? infer(begin) : nullptr;
+      launch::count_synchronous();
+      launch::drain(device_);
+      run_now(begin);
+      if (cacheable) inferred_cache().store(key, verify(inferred, npu_args));
+      return true;
     }
     if (!inf->ok) return false;
     if (inf->view) {
@@ -438,7 +443,7 @@ class Fallback {
     if (needs_generator_) {  // the random stream is reserved in launch order, as in blocking mode
       c10::GeneratorImpl* gen = npu_generator_for(generator_, device_);
       std::lock_guard<std::mutex> gen_lock(npu_generator_mutex(gen));
-      (*stack_)[begin + generator_slot_] = c10::IValue(begin_random_op(gen));
+      (*stack_)[begin + generator_slot_] = c10::IValue(fork_random_op(gen));
       end_random_op(gen, static_cast<uint64_t>(max_numel));
     }
     torch::jit::Stack call(std::make_move_iterator(stack_->begin() + static_cast<std::ptrdiff_t>(begin)),
@@ -537,6 +542,36 @@ class Fallback {
                      std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg < 0; });
     inf->ok = true;
     return inf;
+  }
+
+  // `inf` if the synchronous run's returns (on the stack) are exactly what it predicted, else a not-ok one.
+  std::shared_ptr<const Inferred> verify(const std::shared_ptr<const Inferred>& inf,
+                                         const std::vector<at::Tensor>& npu_args) const {
+    static const auto not_ok = std::make_shared<const Inferred>();
+    if (!inf->ok || inf->view) return inf;
+    const size_t nret = op_.schema().returns().size();
+    if (inf->list_sizes.size() != nret) return not_ok;
+    size_t k = 0;
+    auto matches = [&](const at::Tensor& t) {
+      if (k >= inf->outs.size()) return false;
+      const Inferred::Out& o = inf->outs[k++];
+      if (o.arg >= 0) return t.unsafeGetTensorImpl() == npu_args.at(static_cast<size_t>(o.arg)).unsafeGetTensorImpl();
+      return t.defined() && t.device().type() == kNpu && t.storage_offset() == 0 && t.scalar_type() == o.dtype &&
+             t.sizes() == c10::IntArrayRef(o.sizes) && t.strides() == c10::IntArrayRef(o.strides);
+    };
+    for (size_t r = 0; r < nret; ++r) {
+      const c10::IValue& v = (*stack_)[stack_->size() - nret + r];
+      const int64_t n = inf->list_sizes[r];
+      if (n < 0) {
+        if (!v.isTensor() || !matches(v.toTensor())) return not_ok;
+      } else {
+        if (!v.isTensorList() || static_cast<int64_t>(v.toTensorList().size()) != n) return not_ok;
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (!matches(t)) return not_ok;
+        }
+      }
+    }
+    return k == inf->outs.size() ? inf : not_ok;
   }
 
   // A meta return: the meta alias of an argument (written in place), a view of an argument's storage, or

@@ -117,6 +117,12 @@ at::Generator begin_random_op(c10::GeneratorImpl* gen) {
   return g->cpu_;
 }
 
+at::Generator fork_random_op(c10::GeneratorImpl* gen) {
+  auto* g = as_npu(gen);
+  std::lock_guard<std::mutex> state_lock(g->mutex_);
+  return at::make_generator<at::CPUGeneratorImpl>(splitmix64(g->seed_ ^ splitmix64(g->offset_)));
+}
+
 void end_random_op(c10::GeneratorImpl* gen, uint64_t numel) {
   auto* g = as_npu(gen);
   std::lock_guard<std::mutex> state_lock(g->mutex_);

@@ -99,9 +99,9 @@ class HostGate:
             raise RuntimeError(f"launch_host_func failed ({status})")
 
     def open(self) -> None:
-        if self._handle:
-            ext().open_host_gate(self._handle)
-            self._handle = 0
+        handle, self._handle = self._handle, 0  # once, even when a timer thread and the test both open it
+        if handle:
+            ext().open_host_gate(handle)
 
     def __enter__(self) -> "HostGate":
         return self
