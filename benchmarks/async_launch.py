@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -56,25 +55,10 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size)]
-    procs = {}
-    for mode, blocking in (("async", "0"), ("blocking", "1")):
-        env = dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING="0")
-        procs[mode] = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    times = {m: [] for m in procs}
-    try:
-        for r in range(args.rounds):
-            for mode in (procs if r % 2 == 0 else list(procs)[::-1]):
-                p = procs[mode]
-                p.stdin.write("go\n")
-                p.stdin.flush()
-                line = p.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{mode} worker exited (code {p.wait()})")
-                times[mode].append(json.loads(line))
-    finally:
-        for p in procs.values():
-            p.stdin.close()
-            p.wait(timeout=60)
+    sys.path.insert(0, HERE)
+    from _alternate import alternate
+    times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING="0"))
+                       for mode, blocking in (("async", "0"), ("blocking", "1"))}, args.rounds)
     print(f"{args.chain} chained {args.size}x{args.size} matmuls on npu, {args.rounds} alternating rounds (medians); "
           f"load average {os.getloadavg()[0]:.2f}")
     ratios = {}

@@ -167,29 +167,17 @@ def compare_launch_modes(args, argv) -> int:
     from npudist.data import default_corpus_path
     default_corpus_path()  # build the corpus once, before both workers read it
     argv = [a for a in argv if a != "--launch-modes"]
-    procs = {}
+    workers = {}
     for mode, blocking in (("async", "0"), ("blocking", "1")):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         env = dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING="0",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        procs[mode] = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--launch-worker", str(port), *argv],
-                                       env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    rounds = {m: [] for m in procs}
-    try:
-        for r in range(args.rounds):
-            for mode in (list(procs) if r % 2 == 0 else list(procs)[::-1]):
-                procs[mode].stdin.write("go\n")
-                procs[mode].stdin.flush()
-                line = procs[mode].stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{mode} worker exited (code {procs[mode].wait()})")
-                rounds[mode].append(json.loads(line))
-    finally:
-        for p in procs.values():
-            p.stdin.close()
-            p.wait(timeout=120)
+        workers[mode] = ([sys.executable, os.path.abspath(__file__), "--launch-worker", str(port), *argv], env)
+    sys.path.insert(0, HERE)
+    from _alternate import alternate
+    rounds = alternate(workers, args.rounds)
     print(f"\nLaunch modes, 1 npu rank, model dim {args.dim} x {args.layers} layers, seq {args.seq_len}, batch "
           f"{args.batch}; {args.rounds} alternating rounds x {args.steps} steps (median tokens/s); "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, load average {os.getloadavg()[0]:.2f}")
