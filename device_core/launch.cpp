@@ -23,7 +23,7 @@ bool env_true(const char* name) {
   return v && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
 }
 
-std::atomic<SiteFn> g_site_fn{nullptr};
+SiteHooks g_site;  // set once at module import, before any op
 std::atomic<uint64_t> g_queued{0}, g_sync{0}, g_meta{0};
 
 // The first kernel failure since the last report (CUDA reports the first asynchronous error too).
@@ -47,9 +47,12 @@ struct Task {
   Task(std::function<void()> k, const char* o)
       : kernel(std::move(k)), op(o), keys(c10::impl::tls_local_dispatch_key_set()),
         grad_enabled(c10::GradMode::is_enabled()) {}
+  ~Task() {
+    if (site && g_site.release) g_site.release(site);
+  }
   std::function<void()> kernel;
   const char* op;
-  std::string site;
+  void* site = nullptr;  // launch-site token (SiteHooks)
   c10::impl::LocalDispatchKeySet keys;
   bool grad_enabled;
 };
@@ -66,9 +69,9 @@ void run_task(void* arg) {
     c10::AutoGradMode grad(t->grad_enabled);
     t->kernel();
   } catch (const std::exception& e) {
-    record_error(t->op, t->site, e.what());
+    record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), e.what());
   } catch (...) {
-    record_error(t->op, t->site, "unknown exception");
+    record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), "unknown exception");
   }
   t->kernel = nullptr;  // release the captured tensors here, on the worker, after the kernel ran
 }
@@ -82,7 +85,7 @@ bool blocking() {
 
 void enqueue(int device, const char* op, std::function<void()> kernel) {
   auto task = std::make_unique<Task>(std::move(kernel), op);
-  if (SiteFn fn = g_site_fn.load(std::memory_order_relaxed)) task->site = fn();
+  if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
   rt::check(rt::api().launch_host_func(device, stream, &run_task, task.get()));
   task.release();
@@ -107,7 +110,7 @@ void raise_pending_error() {
   TORCH_CHECK(false, msg);
 }
 
-void set_site_fn(SiteFn fn) { g_site_fn.store(fn); }
+void set_site_hooks(SiteHooks hooks) { g_site = hooks; }
 
 Counts counts() { return Counts{g_queued.load(), g_sync.load(), g_meta.load()}; }
 void reset_counts() {

@@ -25,9 +25,15 @@ void drain(int device);
 // Raise (and clear) the first recorded kernel error as a RuntimeError, if there is one.
 void raise_pending_error();
 
-// Where the calling thread launches from ("file.py:12"); set by the Python module (module.cpp).
-using SiteFn = std::string (*)();
-void set_site_fn(SiteFn fn);
+// Where the calling thread launches from, set by the Python module (module.cpp). `capture` runs at every
+// launch and must be cheap: it returns an opaque token (the Python code object and instruction offset);
+// `describe` turns a token into "file.py:12" (only when a kernel failed); `release` drops a token.
+struct SiteHooks {
+  void* (*capture)() = nullptr;
+  std::string (*describe)(void* token) = nullptr;
+  void (*release)(void* token) = nullptr;
+};
+void set_site_hooks(SiteHooks hooks);
 
 // How many ops took each path since the last reset (measures how much of a program runs asynchronously).
 struct Counts {

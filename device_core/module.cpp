@@ -29,22 +29,50 @@ void restore_gil(void* token) {
   if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
 }
 
-// The Python line launching an npu op ("file.py:12"), for errors of queued kernels. Ops called from Python
-// run with the GIL released; take it back briefly. Threads without Python (the autograd engine's device
-// threads) have no line to report.
-std::string python_launch_site() {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return "a thread without Python frames";
+// Launch sites of npu ops, for errors of queued kernels. At launch only the innermost Python frame's code
+// object and instruction offset are taken (the line number is computed from them only when a kernel
+// failed). Ops called from Python run with the GIL released, so capturing takes it back briefly; threads
+// without Python (the autograd engine's device threads) have no site. Tokens are released on stream
+// workers, which hold no GIL: their code references are dropped at the next capture, which holds it.
+struct PySite {
+  PyCodeObject* code;
+  int lasti;
+};
+std::mutex g_released_mu;
+std::vector<PySite*> g_released;
+
+void* capture_site() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
   PyGILState_STATE g = PyGILState_Ensure();
-  std::string site;
-  if (PyFrameObject* f = PyEval_GetFrame()) {  // borrowed
-    PyCodeObject* code = PyFrame_GetCode(f);   // new reference
-    const char* file = PyUnicode_AsUTF8(code->co_filename);
-    site = std::string(file ? file : "?") + ":" + std::to_string(PyFrame_GetLineNumber(f));
-    Py_DECREF(code);
+  PySite* site = nullptr;
+  if (PyFrameObject* f = PyEval_GetFrame()) site = new PySite{PyFrame_GetCode(f), PyFrame_GetLasti(f)};
+  std::vector<PySite*> done;
+  {
+    std::lock_guard<std::mutex> lk(g_released_mu);
+    done.swap(g_released);
   }
-  if (PyErr_Occurred()) PyErr_Clear();
+  for (PySite* s : done) {
+    Py_DECREF(s->code);
+    delete s;
+  }
   PyGILState_Release(g);
   return site;
+}
+
+std::string describe_site(void* token) {
+  auto* site = static_cast<PySite*>(token);
+  if (!Py_IsInitialized()) return {};
+  PyGILState_STATE g = PyGILState_Ensure();
+  const char* file = PyUnicode_AsUTF8(site->code->co_filename);
+  std::string out = std::string(file ? file : "?") + ":" + std::to_string(PyCode_Addr2Line(site->code, site->lasti));
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(g);
+  return out;
+}
+
+void release_site(void* token) {
+  std::lock_guard<std::mutex> lk(g_released_mu);
+  g_released.push_back(static_cast<PySite*>(token));
 }
 
 py::tuple device_properties(int d) {
@@ -65,7 +93,7 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   size_t redirected = register_cpu_kernel_redirects();
   rt::api().set_blocking_hooks(&release_gil_if_held, &restore_gil);
-  launch::set_site_fn(&python_launch_site);
+  launch::set_site_hooks(launch::SiteHooks{&capture_site, &describe_site, &release_site});
   memory::init_bindings(m);
   profiler::init_bindings(m);
 
