@@ -1,8 +1,9 @@
 """torch.npu streams and events (mirror torch.cuda.Stream/Event on top of torch.Stream/torch.Event).
 
-Semantics (see docs/device.md): compute is host-synchronous; work that components enqueue on a stream
-(``npudist._C._runtime_api()``) runs asynchronously in order; an event completes when its stream has
-passed it; ``wait_event``/``wait_stream`` block the host until then, which orders all later work.
+Semantics (see docs/device.md): npu ops and the work other components enqueue on a stream
+(``npudist._C._runtime_api()``) run asynchronously in order; an event completes when its stream has
+passed it; ``wait_event``/``wait_stream`` make the waiting stream's queue wait for it (the host only with
+``ASCEND_LAUNCH_BLOCKING=1``).
 """
 from __future__ import annotations
 
