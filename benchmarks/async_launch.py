@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size)]
     sys.path.insert(0, HERE)
     from _alternate import alternate
-    times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING="0"))
+    times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking))
                        for mode, blocking in (("async", "0"), ("blocking", "1"))}, args.rounds)
     print(f"{args.chain} chained {args.size}x{args.size} matmuls on npu, {args.rounds} alternating rounds (medians); "
           f"load average {os.getloadavg()[0]:.2f}")

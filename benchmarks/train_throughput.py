@@ -172,7 +172,7 @@ def compare_launch_modes(args, argv) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        env = dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING="0",
+        env = dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking,
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         workers[mode] = ([sys.executable, os.path.abspath(__file__), "--launch-worker", str(port), *argv], env)
     sys.path.insert(0, HERE)

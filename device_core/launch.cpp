@@ -78,8 +78,16 @@ void run_task(void* arg) {
 
 }  // namespace
 
+// Asynchronous launch is opt-in for now: the device, allocator and 1-rank training tests pass with it, but a
+// distributed scenario (tests/hccl scen_extras, 3 ranks) still mismatches (docs/device.md). NPUDIST_LAUNCH_BLOCKING
+// wins over ASCEND_LAUNCH_BLOCKING; "0" selects asynchronous launch, anything else blocking.
 bool blocking() {
-  static const bool value = env_true("ASCEND_LAUNCH_BLOCKING") || env_true("NPUDIST_LAUNCH_BLOCKING");
+  static const bool value = [] {
+    for (const char* name : {"NPUDIST_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING"}) {
+      if (std::getenv(name)) return env_true(name);
+    }
+    return true;
+  }();
   return value;
 }
 

@@ -8,8 +8,8 @@
 
 namespace npudist::launch {
 
-// True when ASCEND_LAUNCH_BLOCKING=1 (or NPUDIST_LAUNCH_BLOCKING=1): every op runs on the calling thread
-// and nothing drains, exactly the host-synchronous behaviour. Read once, at first use.
+// True unless ASCEND_LAUNCH_BLOCKING=0 (or NPUDIST_LAUNCH_BLOCKING=0) selected asynchronous launch: every op
+// runs on the calling thread and nothing drains, exactly the host-synchronous behaviour. Read once.
 bool blocking();
 
 // Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured is
