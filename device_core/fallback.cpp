@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "allocator/npu_allocator.h"
+#include "graph_capture.h"
 #include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
@@ -348,7 +349,8 @@ class Fallback {
       run_now(begin);
       return;
     }
-    if (!launch::blocking() && !profiler::active() && launch_async(begin)) return;
+    // NPUGraph capture records ops on the calling thread as they run: capturing streams run synchronously.
+    if (!launch::blocking() && !profiler::active() && !graph::any_capture_active() && launch_async(begin)) return;
     launch::count_synchronous();
     launch::drain(device_);
     run_now(begin);
@@ -361,10 +363,18 @@ class Fallback {
 
     DeviceScope ds(device_);
     AdoptScope adopt(device_);
-    c10::GeneratorImpl* gen = nullptr;
+    c10::GeneratorImpl* gen = needs_generator_ ? npu_generator_for(generator_, device_) : nullptr;
+    // ---- NPUGraph capture hook (graph_capture.h): record this op if its stream is capturing ----
+    graph::OpRecordingPtr recording;
+    if (graph::any_capture_active()) {
+      std::vector<c10::StorageImpl*> npu_storages;
+      for (const Alias& a : aliases_) npu_storages.push_back(a.npu_si);
+      recording = graph::begin_op(op_, device_, *stack_, args.size(), !pending_cpu_.empty(),
+                                  gen ? static_cast<int64_t>(generator_slot_) : -1, gen, npu_storages);
+    }
+    // ---- end of the capture hook ----
     std::unique_lock<std::mutex> gen_lock;
-    if (needs_generator_) {
-      gen = npu_generator_for(generator_, device_);
+    if (gen) {
       gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
       (*stack_)[begin + generator_slot_] = c10::IValue(begin_random_op(gen));
     }
@@ -374,6 +384,7 @@ class Fallback {
     int64_t max_numel = max_numel_;
     for (size_t i = stack_->size() - nret; i < stack_->size(); ++i) map_result((*stack_)[i], adopt, max_numel);
     if (gen) end_random_op(gen, static_cast<uint64_t>(max_numel));
+    if (recording) graph::end_op(std::move(recording), *stack_, nret, static_cast<uint64_t>(max_numel));  // NPUGraph
   }
 
   // ---- asynchronous launch -----------------------------------------------------------------------

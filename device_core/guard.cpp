@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 
+#include "graph_capture.h"
 #include "allocator/npu_allocator.h"
 #include "launch.h"
 #include "npu_runtime.h"
@@ -109,6 +110,7 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return rt::api().event_query(static_cast<NpudistEvent>(event)) != 0;
   }
   void synchronizeEvent(void* event) const override {
+    if (graph::any_capture_active()) graph::check_not_capturing("Event.synchronize()");
     if (event) rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(event)));
     launch::raise_pending_error();
   }
@@ -130,10 +132,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return idle != 0;
   }
   void synchronizeStream(const c10::Stream& s) const override {
+    if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     check_value(rt::api().stream_synchronize(checked_index(s.device()), s.id()));
     launch::raise_pending_error();
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
     rt::check(rt::api().device_synchronize(checked_index(c10::Device(kNpu, device_index))));
     launch::raise_pending_error();
   }

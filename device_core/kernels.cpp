@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "allocator/npu_allocator.h"
+#include "graph_capture.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -88,6 +89,7 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (graph::any_capture_active()) graph::on_copy(self, dst, non_blocking);  // NPUGraph: record or refuse
   profiler::CopyScope copy_event(self, dst);
   copy_through_cpu(self, dst, non_blocking);
   return dst;
@@ -101,7 +103,12 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) { return read_scalar(self); }
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  if (graph::any_capture_active()) {
+    graph::check_not_capturing("Reading an npu tensor on the host (.item(), aten::_local_scalar_dense)");
+  }
+  return read_scalar(self);
+}
 
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
                                c10::IntArrayRef size, c10::IntArrayRef stride) {

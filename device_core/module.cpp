@@ -5,6 +5,7 @@
 #include <frameobject.h>
 
 #include "allocator/npu_allocator.h"
+#include "graph_capture.h"
 #include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
@@ -96,6 +97,7 @@ PYBIND11_MODULE(_C, m) {
   launch::set_site_hooks(launch::SiteHooks{&capture_site, &describe_site, &release_site});
   memory::init_bindings(m);
   profiler::init_bindings(m);
+  graph::init_bindings(m);
 
   m.attr("_num_cpu_kernel_redirects") = redirected;
   auto nogil = py::call_guard<py::gil_scoped_release>();
@@ -110,6 +112,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_mark_initialized", [] { rt::api().mark_initialized(); });
   m.def("_synchronize", [](int d) {
     check_index(d);
+    if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
     rt::check(rt::api().device_synchronize(d));
     launch::raise_pending_error();
   }, nogil);
@@ -134,6 +137,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_stream_synchronize", [](int d, int64_t s) {
     check_index(d);
+    if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     rt::check(rt::api().stream_synchronize(d, s));
     launch::raise_pending_error();
   }, nogil);

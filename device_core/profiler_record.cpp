@@ -111,6 +111,14 @@ void start_recording() {
 }
 
 std::vector<Record> stop_recording(size_t* dropped) {
+  {
+    // Blocks allocated during the session and still alive get no free event once it stops (none is recorded
+    // then); forgetting them now keeps later frees off the map's mutex and a later session from seeing
+    // frees of allocations it never saw.
+    std::lock_guard<std::mutex> m(g_mem_mu);
+    g_live.clear();
+    g_tracked.store(0, std::memory_order_relaxed);
+  }
   std::lock_guard<std::mutex> g(g_mu);
   g_active.store(0, std::memory_order_relaxed);
   if (dropped) *dropped = g_dropped;

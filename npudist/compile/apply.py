@@ -6,7 +6,8 @@ before FSDP, on every pipeline stage:
 * after TP, so Dynamo traces the block's DTensor ops and their functional collectives (which run on hccl) into
   the graph -- ``fullgraph=True`` turns any graph break into an error instead of a silent slowdown;
 * after AC in torchtitan's order -- but blocks under activation checkpointing are rejected by plan validation
-  for now: Dynamo cannot trace the block's ``torch.utils.checkpoint`` call with its ``context_fn``;
+  for now: recomputing a seeded op (SDPA) needs torch's RNG-state operators, which have no npu kernel
+  (reason in ``npudist/plan/validate.py``);
 * before FSDP, and by compiling the block's ``forward`` rather than wrapping the block: FSDP2's all-gather /
   reduce-scatter hooks and pipelining's stage boundaries stay outside the compiled regions, and parameter
   names (checkpoints, optimizer state, parity tests) stay those of the eager model (torchtitan's

@@ -4,6 +4,8 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
+import os as _os
+
 from npudist.device import _registration, launch, linear_ce_defaults, shallow_copy
 from npudist.device.core import (
     current_device,
@@ -40,6 +42,13 @@ from npudist.device.random import (
     set_rng_state,
     set_rng_state_all,
 )
+from npudist.device.graphs import (
+    NPUGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from npudist.device.amp import (
     get_amp_supported_dtype,
     is_bf16_supported,
@@ -56,10 +65,11 @@ def _is_in_bad_fork() -> bool:
 
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
+    "Event", "NPUGraph", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "get_amp_supported_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all",
-    "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
+    "graph", "graph_pool_handle", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "is_current_stream_capturing", "is_initialized", "make_graphed_callables", "manual_seed",
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")]
@@ -69,8 +79,19 @@ shallow_copy.register()
 linear_ce_defaults.register()
 launch.register()
 
+_SANITIZER_FLAG = _os.environ.get("NPUDIST_STREAM_SANITIZER", "0")
+if _SANITIZER_FLAG not in ("", "0", "1"):
+    raise ValueError(f"NPUDIST_STREAM_SANITIZER={_SANITIZER_FLAG!r}: expected 1 (check stream synchronization) "
+                     "or 0 (off, the default)")
+if _SANITIZER_FLAG == "1":
+    from npudist.device import sanitizer   # only when asked for (docs/debugging.md): no mode installed otherwise
+    sanitizer.enable()
+
 
 def __getattr__(name):
+    if name == "_sanitizer":   # torch.npu._sanitizer.enable_npu_sanitizer(), as torch.cuda._sanitizer
+        from npudist.device import sanitizer
+        return sanitizer
     # Inductor looks up torch.npu.Scheduling & co. on the first torch.compile; npudist.compile answers lazily.
     from npudist.compile import lookup_codegen
     return lookup_codegen(name)

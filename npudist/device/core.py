@@ -96,7 +96,11 @@ class device_of(device):
 
 def synchronize(device: Any = None) -> None:
     """Wait until all work enqueued on all streams of ``device`` has completed."""
-    _C._synchronize(_checked_index(device))
+    idx = _checked_index(device)
+    _C._synchronize(idx)
+    from npudist.device import streams  # noqa: PLC0415 - streams imports core
+    if streams._trace_hooks:
+        streams._trace("device_synchronize", idx)
 
 
 @dataclasses.dataclass(frozen=True)

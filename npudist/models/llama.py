@@ -108,13 +108,15 @@ class TransformerBlock(nn.Module):
         module hooks) so parameter names stay unchanged and FSDP's hooks on the block stay outside the
         recomputed region, which selective (op-level) checkpointing requires. ``context_fn`` as in
         ``torch.utils.checkpoint.checkpoint``."""
-        self._ac_context_fn = context_fn if context_fn is not None else torch.utils.checkpoint.noop_context_fn
+        self._ac_context_fn = context_fn
         self._ac_enabled = True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if getattr(self, "_ac_enabled", False) and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, use_reentrant=False,
-                                                     context_fn=self._ac_context_fn)
+            # No context_fn for full AC: Dynamo traces checkpoint() with a selective-checkpoint context_fn or
+            # none, but not with torch's own noop_context_fn passed explicitly.
+            extra = {} if self._ac_context_fn is None else {"context_fn": self._ac_context_fn}
+            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, use_reentrant=False, **extra)
         return self._forward(x, cos, sin)
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

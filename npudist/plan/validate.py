@@ -303,10 +303,13 @@ def _check_compile(c: _Checks, p: Plan, layout) -> None:
                "blocks or compile only the loss", "compile.enable", "model.name")
     ac = p.parallel.activation_checkpoint.mode
     if "model" in cfg.components and ac != "none":
-        # Measured: Dynamo (torch 2.13) cannot trace the block's torch.utils.checkpoint call with its context_fn
-        # ("checkpoint not implemented for ... context_fn"), so the combination is absent, not half-working.
+        # Measured (torch 2.13): selective op-level AC compiles, but full/layer AC recomputes SDPA, a seeded op, and
+        # AOTAutograd wraps it in run_and_save_rng_state / run_with_rng_state, whose kernels know only
+        # cuda/cpu/hpu/xpu (a fixed table inside torch, no registration API). Rejected for every mode until
+        # that works, so the combination is absent, not half-working.
         c.fail("compile.components", f"model: compiling blocks under parallel.activation_checkpoint.mode "
-               f"{ac} is not supported yet (Dynamo cannot trace the blocks' checkpoint call); set "
+               f"{ac} is not supported yet (torch's RNG-state operators for recomputation have no npu "
+               "kernel); set "
                "activation_checkpoint.mode: none or compile only the loss", "compile.enable",
                "parallel.activation_checkpoint.mode")
 

@@ -25,7 +25,9 @@ t0 = time.perf_counter()
 out = torch.compile(model)(x)
 first_step = time.perf_counter() - t0
 c = torch._dynamo.utils.counters["inductor"]
-print(json.dumps({"lazy": lazy, "unknown_attr_error": unknown_attr_error, "device": str(out.device),
+from torch._inductor.codegen.common import custom_backend_codegen_configs
+npu_config = custom_backend_codegen_configs.get("npu")
+print(json.dumps({"fingerprint": getattr(npu_config, "sources_fingerprint", None), "lazy": lazy, "unknown_attr_error": unknown_attr_error, "device": str(out.device),
                   "ok": bool(torch.allclose(out, model(x))), "hit": c["fxgraph_cache_hit"],
                   "miss": c["fxgraph_cache_miss"], "first_step": first_step}))
 """
@@ -46,6 +48,32 @@ def test_lazy_registration_and_fx_graph_cache_across_processes(tmp_path):
     assert cold["unknown_attr_error"], "torch.npu.<unknown> must still raise AttributeError"
     assert cold["device"] == "npu:0" and cold["ok"]
     assert cold["miss"] >= 1 and cold["hit"] == 0, cold
+    assert cold["fingerprint"] == _compile_sources_fingerprint(), "npu's cache-key config was lost (see test below)"
     warm = _run_child(tmp_path)  # a new process, same cache directory
     assert warm["device"] == "npu:0" and warm["ok"]
     assert warm["hit"] >= 1 and warm["miss"] == 0, warm
+
+
+def _compile_sources_fingerprint() -> str:
+    import hashlib
+    import pathlib
+
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(REPO, "npudist", "compile").glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_npudist_compile_sources_join_the_cache_keys():
+    """Inductor's and AOTAutograd's cache keys include npu's device_custom_config, which hashes npudist.compile --
+    also when Inductor's own registration ran first (it registers looked-up names without a config)."""
+    import npudist.compile
+    from torch._inductor.codegen.common import custom_backend_codegen_configs, init_backend_registration
+
+    init_backend_registration()
+    npudist.compile.register()
+    config = custom_backend_codegen_configs["npu"]
+    assert config is not None, "npu's device_custom_config was replaced by Inductor's registration"
+    assert config.sources_fingerprint == _compile_sources_fingerprint()
+    assert "sources_fingerprint" in config.save_config_portable(ignore_private_configs=False, readonly_values=True)

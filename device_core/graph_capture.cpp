@@ -1,0 +1,568 @@
+// NPUGraph: capture registry, recorded tasks, replay (graph_capture.h, docs/graphs.md).
+#include "graph_capture.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/record_function.h>
+#include <torch/extension.h>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "npu_tensor.h"
+
+namespace npudist::graph {
+
+std::atomic<int> g_active_captures{0};
+
+namespace {
+
+enum class Mode { kGlobal, kThreadLocal, kRelaxed };
+
+Mode parse_mode(const std::string& m) {
+  if (m == "global") return Mode::kGlobal;
+  if (m == "thread_local") return Mode::kThreadLocal;
+  if (m == "relaxed") return Mode::kRelaxed;
+  TORCH_CHECK_VALUE(false, "capture_error_mode must be 'global', 'thread_local' or 'relaxed', got '", m, "'");
+}
+
+const char* mode_name(Mode m) {
+  return m == Mode::kGlobal ? "global" : m == Mode::kThreadLocal ? "thread_local" : "relaxed";
+}
+
+std::string describe_tensor(const at::Tensor& t) {
+  std::ostringstream os;
+  os << "Tensor" << t.sizes() << " " << t.scalar_type() << " @" << t.storage().data_ptr().get();
+  if (t.storage_offset()) os << "+" << t.storage_offset();
+  return os.str();
+}
+
+std::string describe_value(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() ? describe_tensor(v.toTensor()) : "None";
+  if (v.isTensorList()) {
+    std::string s = "[";
+    for (const at::Tensor& t : v.toTensorList()) s += (s.size() > 1 ? ", " : "") + describe_tensor(t);
+    return s + "]";
+  }
+  if (v.isGenerator()) return "<generator>";
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Recorded tasks
+// ------------------------------------------------------------------------------------------------
+struct Task {
+  virtual ~Task() = default;
+  virtual void run() = 0;
+  virtual std::string describe() const = 0;
+};
+
+// A fresh (functional) result of a recorded op: replay copies the kernel's new result into it.
+struct StaticOutput {
+  size_t ret;
+  int64_t list_index;  // -1 for a Tensor return, else the element of a Tensor[] return
+  at::Tensor alias;    // CPU alias of the npu output captured
+};
+
+struct OpTask final : Task {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;  // CPU aliases of the npu arguments, other arguments as given
+  size_t nret = 0;
+  int64_t generator_slot = -1;
+  at::Generator generator;  // npu generator advanced like eager (generator_slot >= 0)
+  uint64_t random_numel = 0;
+  std::vector<StaticOutput> outputs;
+
+  explicit OpTask(const c10::OperatorHandle& h) : op(h) {}
+
+  void run() override {
+    torch::jit::Stack stack(args.begin(), args.end());
+    std::unique_lock<std::mutex> gen_lock;
+    c10::GeneratorImpl* gen = generator_slot >= 0 ? generator.unsafeGetGeneratorImpl() : nullptr;
+    if (gen) {
+      gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
+      stack[generator_slot] = c10::IValue(begin_random_op(gen));
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    if (gen) end_random_op(gen, random_numel);
+    const size_t base = stack.size() - nret;
+    for (StaticOutput& o : outputs) {
+      const c10::IValue& v = stack[base + o.ret];
+      at::Tensor fresh = o.list_index < 0 ? v.toTensor() : v.toTensorList().get(o.list_index);
+      TORCH_CHECK(fresh.sizes() == o.alias.sizes(), "NPUGraph replay: ", op.schema().operator_name(),
+                  " returned shape ", fresh.sizes(), " but ", o.alias.sizes(), " was captured");
+      o.alias.copy_(fresh);
+    }
+  }
+
+  std::string describe() const override {
+    std::ostringstream os;
+    os << op.schema().operator_name() << "(";
+    for (size_t i = 0; i < args.size(); ++i) {
+      os << (i ? ", " : "") << op.schema().arguments()[i].name() << "="
+         << (static_cast<int64_t>(i) == generator_slot ? std::string("<npu generator>") : describe_value(args[i]));
+    }
+    os << ")";
+    if (generator_slot >= 0) os << " advances the npu generator by " << random_numel << " elements";
+    for (const StaticOutput& o : outputs) {
+      os << "\n      -> return " << o.ret;
+      if (o.list_index >= 0) os << "[" << o.list_index << "]";
+      os << " copied into " << describe_tensor(o.alias);
+    }
+    if (outputs.empty()) os << "\n      -> writes through its arguments (in-place / out= / views)";
+    return os.str();
+  }
+};
+
+struct CopyTask final : Task {
+  at::Tensor src, dst;  // CPU aliases
+  bool non_blocking;
+  CopyTask(at::Tensor s, at::Tensor d, bool nb) : src(std::move(s)), dst(std::move(d)), non_blocking(nb) {}
+  void run() override { dst.copy_(src, non_blocking); }
+  std::string describe() const override {
+    return "copy " + describe_tensor(src) + " -> " + describe_tensor(dst);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Graph
+// ------------------------------------------------------------------------------------------------
+std::atomic<uint64_t> g_next_pool{1};
+
+const c10::DispatchKeySet kPythonKeys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+
+class Graph {
+ public:
+  ~Graph();
+
+  void capture_begin(uint64_t pool, const std::string& mode);
+  void capture_end();
+  void replay();
+  void reset();
+  uint64_t pool() const {
+    TORCH_CHECK(pool_ != 0, "NPUGraph.pool(): the graph has not been captured (call capture_begin first)");
+    return pool_;
+  }
+  void debug_dump(const std::string& path) const;
+  size_t num_tasks() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return tasks_.size();
+  }
+
+  // Called by the hooks while capturing (from any thread running ops on the capturing stream).
+  void add_task(std::unique_ptr<Task> task, const std::vector<c10::StorageImpl*>& storages);
+  // Marks the capture failed (capture_end raises `why`); fail() also raises it now.
+  void invalidate(const std::string& why);
+  [[noreturn]] void fail(const std::string& why);
+
+ private:
+  void end_capture_locked();
+  void check_storages_unchanged() const;  // caller holds mu_
+
+  enum class State { kEmpty, kCapturing, kCaptured };
+  mutable std::mutex mu_;
+  State state_ = State::kEmpty;
+  int device_ = -1;
+  int64_t stream_ = 0;
+  uint64_t pool_ = 0;
+  std::string invalid_;
+  std::vector<std::unique_ptr<Task>> tasks_;
+  // The graph's private pool: every storage a task touches, kept alive, with its address at capture.
+  std::unordered_map<c10::StorageImpl*, std::pair<c10::intrusive_ptr<c10::StorageImpl>, const void*>> storages_;
+};
+
+// The captures in progress: which (device, stream) records into which graph.
+struct ActiveCapture {
+  Graph* graph;
+  int device;
+  int64_t stream;
+  std::thread::id thread;
+  Mode mode;
+};
+std::mutex g_registry_mu;
+std::vector<ActiveCapture> g_registry;
+
+// The graph capturing the calling thread's current stream on `device`, if any.
+Graph* capturing_graph(int device) {
+  if (!any_capture_active()) return nullptr;
+  int64_t stream = rt::api().get_stream(device);
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  for (const ActiveCapture& a : g_registry) {
+    if (a.device == device && a.stream == stream) return a.graph;
+  }
+  return nullptr;
+}
+
+// Work that bypasses the fallback and the copy kernel cannot be recorded: hccl collectives (c10d ops, run by
+// the hccl backend on its own streams) and npu kernels of other libraries' operators (e.g. user C++ kernels on
+// npu pointers). While a capture is active, a RecordFunction observer spots them on a capturing stream and
+// invalidates that capture, so capture_end raises instead of a replay silently skipping them. Observers
+// cannot raise into the op (RecordFunction swallows their exceptions), hence the deferred error.
+std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
+  std::optional<c10::OperatorName> name = fn.operator_name();
+  if (!name) return nullptr;
+  const std::string& n = name->name;
+  const std::string ns = n.substr(0, n.find("::"));
+  const bool collective = ns == "c10d" || ns == "_c10d_functional";
+  if (!collective) {
+    if (ns == "aten" || ns == "prim" || ns == "npu" || ns == n) return nullptr;
+    auto op = c10::Dispatcher::singleton().findOp(*name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return nullptr;
+  }
+  Graph* graph = capturing_graph(rt::current_device());
+  if (!graph) return nullptr;
+  graph->invalidate(c10::str("The operator '", *name, "' is not permitted while an npu stream is capturing an "
+                             "NPUGraph: ", collective ? "hccl collectives run on hccl's own streams"
+                                                      : "its npu kernel works on the npu bytes outside the fallback",
+                             ", so a replay could not re-run it. Run it outside the captured region."));
+  return nullptr;
+}
+std::optional<at::CallbackHandle> g_watch_handle;  // guarded by g_registry_mu
+
+void register_capture(ActiveCapture capture) {  // caller holds g_registry_mu
+  g_registry.push_back(capture);
+  g_active_captures.fetch_add(1);
+  if (!g_watch_handle) {
+    g_watch_handle = at::addGlobalCallback(at::RecordFunctionCallback(&watch_op).scopes({at::RecordScope::FUNCTION}));
+  }
+}
+
+void unregister(Graph* graph) {
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  for (auto it = g_registry.begin(); it != g_registry.end(); ++it) {
+    if (it->graph == graph) {
+      g_registry.erase(it);
+      g_active_captures.fetch_sub(1);
+      if (g_registry.empty() && g_watch_handle) {
+        at::removeCallback(*g_watch_handle);
+        g_watch_handle.reset();
+      }
+      return;
+    }
+  }
+}
+
+Graph::~Graph() { unregister(this); }
+
+void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
+  Mode mode = parse_mode(mode_str);
+  int device = rt::current_device();
+  int64_t stream = rt::api().get_stream(device);
+  TORCH_CHECK(stream != 0, "NPU graphs must be captured on a non-default stream (the current stream of npu:", device,
+              " is its default stream). Capture under torch.npu.graph(g), which uses a side stream, or under "
+              "torch.npu.stream(torch.npu.Stream()); after capture it is fine to replay on the default stream.");
+  std::lock_guard<std::mutex> g(mu_);
+  TORCH_CHECK(state_ == State::kEmpty, "NPUGraph.capture_begin: this graph ",
+              state_ == State::kCapturing ? "is already capturing" : "was already captured; call reset() first");
+  {
+    std::lock_guard<std::mutex> r(g_registry_mu);
+    for (const ActiveCapture& a : g_registry) {
+      TORCH_CHECK(!(a.device == device && a.stream == stream), "NPUGraph.capture_begin: stream ", stream,
+                  " of npu:", device, " is already capturing another graph");
+    }
+    register_capture(ActiveCapture{this, device, stream, std::this_thread::get_id(), mode});
+  }
+  state_ = State::kCapturing;
+  device_ = device;
+  stream_ = stream;
+  pool_ = pool ? pool : g_next_pool.fetch_add(1);
+  invalid_.clear();
+}
+
+void Graph::capture_end() {
+  unregister(this);
+  std::lock_guard<std::mutex> g(mu_);
+  TORCH_CHECK(state_ == State::kCapturing, "NPUGraph.capture_end: the graph is not capturing");
+  state_ = State::kCaptured;
+  if (invalid_.empty()) {
+    try {
+      check_storages_unchanged();
+    } catch (const c10::Error& e) {
+      invalid_ = e.what_without_backtrace();
+    }
+  }
+  if (!invalid_.empty()) {
+    std::string why = invalid_;
+    tasks_.clear();
+    storages_.clear();
+    state_ = State::kEmpty;
+    TORCH_CHECK(false, "NPUGraph capture failed and was discarded: ", why);
+  }
+}
+
+void Graph::check_storages_unchanged() const {
+  for (const auto& [si, kept] : storages_) {
+    TORCH_CHECK(si->data_ptr().get() == kept.second, "NPUGraph: a tensor the graph uses was resized or given new "
+                "memory after it was captured (its bytes moved from ", kept.second, " to ", si->data_ptr().get(),
+                "); a graph works on fixed addresses. Keep static tensors' sizes fixed (write into them with "
+                "copy_) or re-capture the graph.");
+  }
+}
+
+void Graph::replay() {
+  TORCH_CHECK(capturing_graph(rt::current_device()) == nullptr,
+              "NPUGraph.replay() is not permitted while the current npu stream is capturing");
+  std::lock_guard<std::mutex> g(mu_);
+  TORCH_CHECK(state_ == State::kCaptured, "NPUGraph.replay: the graph ",
+              state_ == State::kCapturing ? "is still capturing (call capture_end first)"
+                                          : "has not been captured (or was reset)");
+  check_storages_unchanged();
+  DeviceScope ds(device_);
+  // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard), and a
+  // replay is not Python's to see: the kernels' inner aten calls skip Python dispatch modes (as a device
+  // graph replay would never reach them).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_python(kPythonKeys);
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    try {
+      tasks_[i]->run();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "NPUGraph replay: task ", i, " (", tasks_[i]->describe(), ") failed: ",
+                  e.what_without_backtrace());
+    }
+  }
+}
+
+void Graph::reset() {
+  unregister(this);
+  std::lock_guard<std::mutex> g(mu_);
+  tasks_.clear();
+  storages_.clear();
+  state_ = State::kEmpty;
+  invalid_.clear();
+}
+
+void Graph::debug_dump(const std::string& path) const {
+  std::lock_guard<std::mutex> g(mu_);
+  TORCH_CHECK(state_ == State::kCaptured, "NPUGraph.debug_dump: the graph has not been captured");
+  std::ofstream out(path);
+  TORCH_CHECK_VALUE(out.good(), "NPUGraph.debug_dump: cannot open '", path, "' for writing");
+  out << "NPUGraph on npu:" << device_ << " captured on stream " << stream_ << ", pool " << pool_ << ": "
+      << tasks_.size() << " tasks, " << storages_.size() << " storages kept\n";
+  for (size_t i = 0; i < tasks_.size(); ++i) out << "  [" << i << "] " << tasks_[i]->describe() << "\n";
+  TORCH_CHECK(out.good(), "NPUGraph.debug_dump: writing '", path, "' failed");
+}
+
+void Graph::add_task(std::unique_ptr<Task> task, const std::vector<c10::StorageImpl*>& storages) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (state_ != State::kCapturing || !invalid_.empty()) return;
+  for (c10::StorageImpl* si : storages) {
+    storages_.try_emplace(si, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si), si->data_ptr().get());
+  }
+  tasks_.push_back(std::move(task));
+}
+
+void Graph::invalidate(const std::string& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (state_ == State::kCapturing && invalid_.empty()) invalid_ = why;
+}
+
+void Graph::fail(const std::string& why) {
+  invalidate(why);
+  TORCH_CHECK(false, why);
+}
+
+c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+bool returns_only_tensors(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& r : schema.returns()) {
+    const c10::TypePtr& t = r.type();
+    bool ok = t->kind() == c10::TypeKind::TensorType ||
+              (t->kind() == c10::TypeKind::ListType &&
+               t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Indexing ops carry the dynamic_output_shape tag because a boolean mask makes the result's shape depend on
+// the mask's values. index_put keeps self's shape whatever the indices, and index with integer indices has a
+// shape fixed by the indices' shapes: both replay correctly.
+bool has_static_shape_here(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack, size_t nargs) {
+  const std::string& n = op.schema().operator_name().name;
+  if (n == "aten::index_put" || n == "aten::index_put_" || n == "aten::_index_put_impl_") return true;
+  if (n != "aten::index") return false;
+  for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
+    if (!stack[i].isList()) continue;
+    for (const c10::IValue& e : stack[i].toListRef()) {
+      if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Hooks
+// ------------------------------------------------------------------------------------------------
+void check_not_capturing(const char* what) {
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  for (const ActiveCapture& a : g_registry) {
+    bool own_stream = rt::api().get_stream(a.device) == a.stream;
+    bool forbidden = own_stream || a.mode == Mode::kGlobal ||
+                     (a.mode == Mode::kThreadLocal && a.thread == std::this_thread::get_id());
+    TORCH_CHECK(!forbidden, what, " is not permitted while an npu stream is capturing an NPUGraph (operation not "
+                "permitted when stream is capturing: stream ", a.stream, " of npu:", a.device, ", capture_error_mode='",
+                mode_name(a.mode), "'). Move it out of the captured region",
+                own_stream ? "." : ", or capture with capture_error_mode='relaxed' if this thread's call is safe.");
+  }
+}
+
+struct OpRecording {
+  Graph* graph;
+  std::unique_ptr<OpTask> task;
+  std::vector<c10::StorageImpl*> storages;
+  std::vector<const void*> addresses;  // of `storages` before the kernel ran
+};
+
+void OpRecordingDeleter::operator()(OpRecording* r) const { delete r; }
+
+OpRecordingPtr begin_op(const c10::OperatorHandle& op, int device, const torch::jit::Stack& stack,
+                                      size_t nargs, bool has_cpu_tensor_args, int64_t generator_slot,
+                                      c10::GeneratorImpl* generator,
+                                      const std::vector<c10::StorageImpl*>& npu_storages) {
+  Graph* graph = capturing_graph(device);
+  if (!graph) return nullptr;
+  const c10::OperatorName& name = op.schema().operator_name();
+  if ((op.hasTag(at::Tag::dynamic_output_shape) && !has_static_shape_here(op, stack, nargs)) ||
+      op.hasTag(at::Tag::data_dependent_output) || !returns_only_tensors(op.schema())) {
+    graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph: ",
+                         "its output ", op.hasTag(at::Tag::dynamic_output_shape) ? "shape depends on the input values"
+                                                                               : "is a host value read from the device",
+                         ", which a replay cannot reproduce. Run it outside the captured region."));
+  }
+  if (has_cpu_tensor_args) {
+    graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph: ",
+                         "it takes a CPU tensor argument (host memory read at launch). Move that tensor to npu "
+                         "before capture."));
+  }
+  OpRecordingPtr rec(new OpRecording());
+  rec->graph = graph;
+  rec->task = std::make_unique<OpTask>(op);
+  rec->task->args.assign(stack.end() - static_cast<std::ptrdiff_t>(nargs), stack.end());
+  rec->task->generator_slot = generator_slot;
+  if (generator) rec->task->generator = at::Generator(c10::intrusive_ptr<c10::GeneratorImpl>::reclaim_copy(generator));
+  rec->storages = npu_storages;
+  for (c10::StorageImpl* si : npu_storages) rec->addresses.push_back(si->data_ptr().get());
+  return rec;
+}
+
+void end_op(OpRecordingPtr rec, const torch::jit::Stack& stack, size_t nret, uint64_t random_numel) {
+  OpTask& task = *rec->task;
+  const c10::OperatorName& name = task.op.schema().operator_name();
+  std::unordered_set<const void*> argument_bytes;
+  for (size_t i = 0; i < rec->storages.size(); ++i) {
+    if (rec->storages[i]->data_ptr().get() != rec->addresses[i]) {
+      rec->graph->fail(c10::str("The operator '", name, "' resized its output during NPUGraph capture (new memory "
+                                "for an argument); a graph works on fixed addresses. Pass out= tensors of the "
+                                "right size, or let the op allocate its result."));
+    }
+    argument_bytes.insert(rec->addresses[i]);
+  }
+  task.nret = nret;
+  task.random_numel = random_numel;
+  const size_t base = stack.size() - nret;
+  auto consider = [&](const at::Tensor& t, size_t ret, int64_t list_index) {
+    if (!t.defined() || t.device().type() != kNpu || t.storage().nbytes() == 0) return;
+    if (argument_bytes.count(t.storage().data_ptr().get())) return;  // in-place, out= or a view of an argument
+    task.outputs.push_back(StaticOutput{ret, list_index, cpu_alias(t)});
+    rec->storages.push_back(storage_of(t));
+  };
+  for (size_t i = 0; i < nret; ++i) {
+    const c10::IValue& v = stack[base + i];
+    if (v.isTensor()) {
+      consider(v.toTensor(), i, -1);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) consider(list.get(j), i, static_cast<int64_t>(j));
+    }
+  }
+  rec->graph->add_task(std::move(rec->task), rec->storages);
+}
+
+void on_copy(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
+  if (!src_npu || !dst_npu) {
+    check_not_capturing(src_npu ? "Copying an npu tensor to the host (.cpu(), .to('cpu'), .numpy(), .tolist())"
+                                : "Copying a host tensor to npu (.to('npu'), torch.tensor(..., device='npu'))");
+    return;
+  }
+  Graph* graph = capturing_graph(dst.device().index());
+  if (!graph) return;
+  graph->add_task(std::make_unique<CopyTask>(cpu_alias(src), cpu_alias(dst), non_blocking),
+                  {storage_of(src), storage_of(dst)});
+}
+
+// ------------------------------------------------------------------------------------------------
+// Static input / output traffic of torch.compile's npugraphs backend, in one call each (no Python dispatch
+// per tensor): new inputs copied into the static inputs, static outputs copied out into fresh tensors.
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+void copy_into_static(const std::vector<at::Tensor>& statics, const std::vector<at::Tensor>& news) {
+  TORCH_CHECK_VALUE(statics.size() == news.size(), "copy_into_static: ", statics.size(), " static inputs but ",
+                    news.size(), " new inputs");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (size_t i = 0; i < statics.size(); ++i) {
+    const at::Tensor& dst = statics[i];
+    const at::Tensor& src = news[i];
+    if (dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides()) continue;
+    TORCH_CHECK_VALUE(dst.sizes() == src.sizes(), "copy_into_static: input ", i, " has shape ", src.sizes(),
+                      ", the graph was captured with ", dst.sizes());
+    if (dst.device().type() == kNpu && src.device().type() == kNpu) cpu_alias(dst).copy_(cpu_alias(src));
+    else dst.copy_(src);
+  }
+}
+
+std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outputs) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  std::vector<at::Tensor> fresh;
+  fresh.reserve(outputs.size());
+  for (const at::Tensor& o : outputs) {
+    if (!o.defined() || o.device().type() != kNpu) {
+      fresh.push_back(o.defined() ? o.clone() : o);
+      continue;
+    }
+    at::Tensor f = o.is_non_overlapping_and_dense() ? at::empty_strided(o.sizes(), o.strides(), o.options())
+                                                    : at::empty(o.sizes(), o.options());
+    cpu_alias(f).copy_(cpu_alias(o));
+    fresh.push_back(std::move(f));
+  }
+  return fresh;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Python
+// ------------------------------------------------------------------------------------------------
+void init_bindings(pybind11::module_& m) {
+  namespace py = pybind11;
+  auto nogil = py::call_guard<py::gil_scoped_release>();
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "_NPUGraph")
+      .def(py::init<>())
+      .def("capture_begin", &Graph::capture_begin, py::arg("pool") = 0, py::arg("capture_error_mode") = "global")
+      .def("capture_end", &Graph::capture_end)
+      .def("replay", &Graph::replay, nogil)
+      .def("reset", &Graph::reset, nogil)
+      .def("pool", &Graph::pool)
+      .def("debug_dump", &Graph::debug_dump)
+      .def("num_tasks", &Graph::num_tasks);
+  m.def("_graph_copy_into_static", &copy_into_static, nogil,
+        "Copy each new input into its static input unless it already is that tensor.");
+  m.def("_graph_copy_out", &copy_out, nogil, "Fresh tensors holding copies of the given (static) outputs.");
+  m.def("_graph_pool_handle", [] { return g_next_pool.fetch_add(1); });
+  m.def("_is_current_stream_capturing", [] { return capturing_graph(rt::current_device()) != nullptr; });
+}
+
+}  // namespace npudist::graph
