@@ -1,5 +1,6 @@
 // NPUGraph: capture registry, recorded tasks, replay (graph_capture.h, docs/graphs.md).
 #include "graph_capture.h"
+#include "launch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -315,6 +316,9 @@ void Graph::replay() {
                                           : "has not been captured (or was reset)");
   check_storages_unchanged();
   DeviceScope ds(device_);
+  // Replay runs on the calling thread: work queued before it on the current stream (filling static inputs)
+  // must have run first. Later work is queued after replay returns, so it is ordered too.
+  launch::drain(device_);
   // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard), and a
   // replay is not Python's to see: the kernels' inner aten calls skip Python dispatch modes (as a device
   // graph replay would never reach them).
