@@ -517,6 +517,10 @@ void copy_into_static(const std::vector<at::Tensor>& statics, const std::vector<
   TORCH_CHECK_VALUE(statics.size() == news.size(), "copy_into_static: ", statics.size(), " static inputs but ",
                     news.size(), " new inputs");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // The copies below read and write npu bytes on this thread: queued work producing the inputs runs first.
+  for (const at::Tensor& t : news) {
+    if (t.defined() && t.device().type() == kNpu) launch::drain(t.device().index());
+  }
   for (size_t i = 0; i < statics.size(); ++i) {
     const at::Tensor& dst = statics[i];
     const at::Tensor& src = news[i];
@@ -530,6 +534,9 @@ void copy_into_static(const std::vector<at::Tensor>& statics, const std::vector<
 
 std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outputs) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.device().type() == kNpu) launch::drain(t.device().index());
+  }
   std::vector<at::Tensor> fresh;
   fresh.reserve(outputs.size());
   for (const at::Tensor& o : outputs) {

@@ -13,5 +13,7 @@ ASYNC_SUBSET=(
   tests/device/test_npu_fallback.py
   tests/device/test_npu_training.py
   tests/device/test_runtime_c_api.py
+  tests/graphs
+  tests/sanitizer/test_sanitizer.py
 )
 ASCEND_LAUNCH_BLOCKING=0 exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@" "${ASYNC_SUBSET[@]}"
