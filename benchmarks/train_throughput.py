@@ -4,6 +4,7 @@
     python benchmarks/train_throughput.py                 # spawns 2 ranks itself (torch.distributed.run)
     python benchmarks/train_throughput.py --dim 384 --layers 4 --seq-len 128 --batch 8   # compute-bound shape
     python benchmarks/train_throughput.py --compiled      # + graph mode (plan compile section) on both devices
+    python benchmarks/train_throughput.py --launch-modes  # 1 rank on npu: asynchronous vs blocking launch
 
 The default shape (wide and short: 27M parameters, 256 tokens per step) makes the collectives a visible part
 of the step, which is what the comparison is about; a compute-bound shape shows ~1.0x by construction.
@@ -18,6 +19,10 @@ both devices (the npu runs them zero-copy), so the ratio isolates collectives an
 ``--compiled`` adds a compiled twin of every variant (the plan's ``compile`` section: each block and the loss
 through Inductor, fullgraph) and reports npu+hccl compiled against cpu+gloo compiled and cpu+gloo eager.
 Compilation happens in the warm-up steps (not timed).
+
+``--launch-modes`` instead trains the model on one npu rank (no parallelism) in two processes, one with
+asynchronous launch (the default) and one with ``ASCEND_LAUNCH_BLOCKING=1``, driven in alternating rounds,
+and reports async / blocking tokens/s plus the share of ops that were queued (docs/device.md).
 """
 from __future__ import annotations
 
@@ -45,7 +50,10 @@ def _args(argv=None):
                     help="the two device:backend pairs to compare (first / second)")
     ap.add_argument("--compiled", action="store_true", help="also run every variant compiled (graph mode)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
+    ap.add_argument("--launch-modes", action="store_true",
+                    help="1 npu rank: asynchronous launch vs ASCEND_LAUNCH_BLOCKING=1")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--launch-worker", type=int, default=0, help=argparse.SUPPRESS)  # its TCP port
     return ap.parse_args(argv)
 
 
@@ -53,6 +61,7 @@ def _plan(args, device: str, backend: str, layout: str, corpus: str, compiled: b
     from npudist.plan import (CompileConfig, DataConfig, ModelConfig, OptimizerConfig, ParallelConfig, Plan,
                               ScheduleConfig, TPConfig, TrainingConfig)
     dp = 2 if layout == "fsdp" else 1
+    tp = 2 if layout == "tp" else 1
     return Plan(
         model=ModelConfig(vocab_size=256, dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=4,
                           ffn_hidden_dim=args.dim * 8 // 3 // 64 * 64, max_seq_len=args.seq_len),
@@ -61,8 +70,7 @@ def _plan(args, device: str, backend: str, layout: str, corpus: str, compiled: b
         optimizer=OptimizerConfig(lr=1e-3),
         schedule=ScheduleConfig(warmup_steps=0, decay="constant"),
         training=TrainingConfig(steps=10**6, seed=0, max_grad_norm=1.0, device=device, backend=backend),
-        parallel=ParallelConfig(dp_shard_degree=dp, tp_degree=1 if layout == "fsdp" else 2,
-                                tp=TPConfig(sequence_parallel=True)),
+        parallel=ParallelConfig(dp_shard_degree=dp, tp_degree=tp, tp=TPConfig(sequence_parallel=tp > 1)),
         compile=CompileConfig(enable=compiled),
     )
 
@@ -133,6 +141,61 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
+def launch_worker(args) -> None:
+    """One npu rank in the launch mode its environment chose; one line of JSON per round read from stdin."""
+    import torch
+    import torch.distributed as dist
+    import npudist  # noqa: F401
+    from npudist.data import default_corpus_path
+    from npudist.device import launch
+    torch.npu.set_device(0)
+    dist.init_process_group("npu:hccl,cpu:gloo", init_method=f"tcp://127.0.0.1:{args.launch_worker}",
+                            rank=0, world_size=1)
+    v = _Variant(args, "npu", "hccl", "single", default_corpus_path())
+    v.run(args.warmup, record=False)
+    for _ in sys.stdin:
+        v.rates.clear()
+        launch.reset_launch_counts()
+        v.run(args.steps, record=True)
+        print(json.dumps({"rate": statistics.median(v.rates), "loss": v.losses[-1], "counts": launch.launch_counts(),
+                          "blocking": launch.is_blocking()}), flush=True)
+    dist.destroy_process_group()
+
+
+def compare_launch_modes(args, argv) -> int:
+    import socket
+    from npudist.data import default_corpus_path
+    default_corpus_path()  # build the corpus once, before both workers read it
+    argv = [a for a in argv if a != "--launch-modes"]
+    workers = {}
+    for mode, blocking in (("async", "0"), ("blocking", "1")):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking,
+                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        workers[mode] = ([sys.executable, os.path.abspath(__file__), "--launch-worker", str(port), *argv], env)
+    sys.path.insert(0, HERE)
+    from _alternate import alternate
+    rounds = alternate(workers, args.rounds)
+    print(f"\nLaunch modes, 1 npu rank, model dim {args.dim} x {args.layers} layers, seq {args.seq_len}, batch "
+          f"{args.batch}; {args.rounds} alternating rounds x {args.steps} steps (median tokens/s); "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, load average {os.getloadavg()[0]:.2f}")
+    med = {}
+    for mode, rs in rounds.items():
+        med[mode] = statistics.median(x["rate"] for x in rs)
+        c = rs[-1]["counts"]
+        total = max(1, c["queued"] + c["synchronous"])
+        print(f"  {mode:<9}{med[mode]:>12,.0f} tokens/s   final loss {rs[-1]['loss']:.4f}   ops queued "
+              f"{c['queued']}, synchronous {c['synchronous']} ({100 * c['queued'] / total:.0f}% queued), "
+              f"metadata {c['metadata']}")
+    print(f"async / blocking = {med['async'] / med['blocking']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "tokens_per_s": med, "rounds": rounds}, f, indent=1)
+    return 0
+
+
 def _report(args, variants) -> None:
     results = {}
     print(f"\nTraining throughput, 2 ranks, model dim {args.dim} x {args.layers} layers, seq {args.seq_len}, "
@@ -164,6 +227,11 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.launch_worker:
+        launch_worker(args)
+        return 0
+    if args.launch_modes:
+        return compare_launch_modes(args, argv if argv is not None else sys.argv[1:])
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,13 +16,20 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <ATen/EmptyTensor.h>
+
 #include <algorithm>
-#include <memory>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "allocator/npu_allocator.h"
 #include "graph_capture.h"
+#include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -116,14 +123,30 @@ at::Tensor as_cpu(const at::Tensor& t, const char* what) {
 
 // HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
 void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  // Compute is host-synchronous, so non_blocking copies complete before returning.
+  const bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
+  if (src_npu && dst_npu && src.device() == dst.device() && !launch::blocking() && !profiler::active()) {
+    // npu -> npu: a queued kernel, like every other op. The aliases keep both storages alive until it ran.
+    at::Tensor src_cpu = cpu_alias(src), dst_cpu = cpu_alias(dst);
+    launch::enqueue(dst.device().index(), "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
+    return;
+  }
+  // Host <-> npu (and cross-device) copies touch the bytes now, after the queued work of the npu sides:
+  // a D2H copy waits like cudaMemcpy, an H2D copy reads the pageable source before returning (so the
+  // caller may reuse it), whether or not non_blocking was asked for.
+  launch::count_synchronous();
+  if (src_npu) launch::drain(src.device().index());
+  if (dst_npu && !(src_npu && src.device() == dst.device())) launch::drain(dst.device().index());
   at::Tensor src_cpu = as_cpu(src, "source");
   at::Tensor dst_cpu = as_cpu(dst, "destination");
   dst_cpu.copy_(src_cpu, non_blocking);
 }
 
 // HOST-MEMORY: reads the element in place; a real device copies it to the host (aclrtMemcpy D2H) first.
-c10::Scalar read_scalar(const at::Tensor& t) { return at::_local_scalar_dense(cpu_alias(t)); }
+c10::Scalar read_scalar(const at::Tensor& t) {
+  launch::count_synchronous();
+  launch::drain(t.device().index());
+  return at::_local_scalar_dense(cpu_alias(t));
+}
 
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& g) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -191,6 +214,121 @@ bool is_optional_tensor_list(const c10::Argument& a) {
          e->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
 }
 
+bool has_written_argument(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& a : schema.arguments()) {
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+// View ops (every return aliases an argument, nothing is written) read no data: they run at once.
+bool is_view_schema(const c10::FunctionSchema& schema) {
+  if (schema.returns().empty() || has_written_argument(schema)) return false;
+  for (const c10::Argument& r : schema.returns()) {
+    if (!r.alias_info() || r.alias_info()->isWrite()) return false;
+  }
+  return true;
+}
+
+bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+bool is_tensor_list_type(const c10::TypePtr& t) {
+  return t->kind() == c10::TypeKind::ListType && is_tensor_type(t->castRaw<c10::ListType>()->getElementType());
+}
+
+// Ops that may be queued: they return only tensors (a bool/Scalar/int result is data the caller needs
+// now) and their output shapes do not depend on the data. The Meta kernel refuses most data-dependent
+// ops by itself; these are named so that a permissive Meta kernel cannot make them asynchronous.
+bool async_candidate(const c10::FunctionSchema& schema) {
+  static const std::unordered_set<std::string> kDataDependent = {
+      "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select", "aten::unique",
+      "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
+      "aten::unique_dim_consecutive", "aten::repeat_interleave", "aten::bincount", "aten::histc",
+      "aten::histogram", "aten::_local_scalar_dense", "aten::_assert_async", "aten::_assert_scalar",
+      "aten::_print", "aten::equal", "aten::allclose", "aten::is_nonzero"};
+  for (const c10::Argument& r : schema.returns()) {
+    if (!is_tensor_type(r.type()) && !is_tensor_list_type(r.type())) return false;
+  }
+  return kDataDependent.count(schema.name()) == 0;
+}
+
+// The out= overload of a functional op: the same arguments followed by one written keyword-only tensor
+// per return (e.g. mm -> mm.out, sum.dim_IntList -> sum.IntList_out). Looked up once per op.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::vector<c10::OperatorName>> by_name;
+  static std::unordered_map<std::string, std::optional<c10::OperatorHandle>> cache;
+  const c10::FunctionSchema& fs = op.schema();
+  std::string key = fs.name() + "." + fs.overload_name();
+  std::lock_guard<std::mutex> lk(mu);
+  auto hit = cache.find(key);
+  if (hit != cache.end()) return hit->second;
+  if (by_name.empty()) {
+    for (const c10::OperatorName& n : c10::Dispatcher::singleton().getAllOpNames()) by_name[n.name].push_back(n);
+  }
+  std::optional<c10::OperatorHandle> found;
+  for (const c10::OperatorName& cand : by_name[fs.name()]) {
+    auto h = c10::Dispatcher::singleton().findOp(cand);
+    if (!h || !h->hasSchema()) continue;
+    const c10::FunctionSchema& cs = h->schema();
+    const size_t n = fs.arguments().size(), nout = fs.returns().size();
+    if (cs.arguments().size() != n + nout || cs.returns().size() != nout) continue;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; ++i) {
+      ok = cs.arguments()[i].name() == fs.arguments()[i].name() && *cs.arguments()[i].type() == *fs.arguments()[i].type();
+    }
+    for (size_t i = n; ok && i < n + nout; ++i) {
+      const c10::Argument& a = cs.arguments()[i];
+      ok = a.kwarg_only() && is_tensor_type(a.type()) && a.alias_info() && a.alias_info()->isWrite();
+    }
+    if (ok && (h->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+               h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+               h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
+      found = *h;
+      break;
+    }
+  }
+  cache.emplace(key, found);
+  return found;
+}
+
+// What the Meta kernel inferred for one argument signature (see Fallback::signature).
+struct Inferred {
+  struct Out {
+    int arg;  // >= 0: the npu argument (in visiting order) written in place; -1: new tensor; -2: a view
+    std::vector<int64_t> sizes, strides;
+    c10::ScalarType dtype;
+  };
+  bool ok = false;         // false: run synchronously
+  bool view = false;       // every output is a view of an argument: run at once, no data access
+  bool all_fresh = false;  // every return is a new tensor (no lists): the out= overload can write them
+  std::vector<Out> outs;   // flattened returns
+  std::vector<int64_t> list_sizes;  // per return: -1 for a tensor, else the list's length
+};
+
+class InferredCache {
+ public:
+  std::shared_ptr<const Inferred> find(const std::string& key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  void store(const std::string& key, std::shared_ptr<const Inferred> inf) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (map_.size() >= kMaxEntries) map_.clear();  // a program with ever-new shapes: start over
+    map_.emplace(key, std::move(inf));
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 8192;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const Inferred>> map_;
+};
+
+InferredCache& inferred_cache() {
+  static auto* cache = new InferredCache();  // never destroyed: ops may run during static destruction
+  return *cache;
+}
+
 class Fallback {
  public:
   Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) : op_(op), stack_(stack) {}
@@ -206,7 +344,22 @@ class Fallback {
     if (!pending_cpu_.empty() && !allows_cpu_tensors(op_.schema().operator_name())) {
       fail_device_mismatch(op_, pending_cpu_.front().first, pending_cpu_.front().second, device_);
     }
-    for (size_t i = 0; i < nargs; ++i) substitute(args[i], (*stack_)[begin + i]);
+    if (is_view_schema(op_.schema())) {  // metadata only: no data access, nothing to wait for
+      launch::count_metadata();
+      run_now(begin);
+      return;
+    }
+    // NPUGraph capture records ops on the calling thread as they run: capturing streams run synchronously.
+    if (!launch::blocking() && !profiler::active() && !graph::any_capture_active() && launch_async(begin)) return;
+    launch::count_synchronous();
+    launch::drain(device_);
+    run_now(begin);
+  }
+
+  // The op's CPU kernel on the calling thread (synchronous; the caller ordered it after queued work).
+  void run_now(size_t begin) {
+    const auto& args = op_.schema().arguments();
+    for (size_t i = 0; i < args.size(); ++i) substitute(args[i], (*stack_)[begin + i]);
 
     DeviceScope ds(device_);
     AdoptScope adopt(device_);
@@ -216,7 +369,7 @@ class Fallback {
     if (graph::any_capture_active()) {
       std::vector<c10::StorageImpl*> npu_storages;
       for (const Alias& a : aliases_) npu_storages.push_back(a.npu_si);
-      recording = graph::begin_op(op_, device_, *stack_, nargs, !pending_cpu_.empty(),
+      recording = graph::begin_op(op_, device_, *stack_, args.size(), !pending_cpu_.empty(),
                                   gen ? static_cast<int64_t>(generator_slot_) : -1, gen, npu_storages);
     }
     // ---- end of the capture hook ----
@@ -234,7 +387,363 @@ class Fallback {
     if (recording) graph::end_op(std::move(recording), *stack_, nret, static_cast<uint64_t>(max_numel));  // NPUGraph
   }
 
+  // ---- asynchronous launch -----------------------------------------------------------------------
+  // Output inference: the op's Meta kernel on meta tensors with the arguments' geometry. Outputs are
+  // allocated on npu with the Meta kernel's strides and the CPU kernel is queued on the current stream,
+  // writing into them (through the op's out= overload when it has one, else functional + copy). Returns
+  // false, having changed nothing, when the op cannot be inferred that way: it then runs synchronously.
+  bool launch_async(size_t begin) {
+    const auto& schema = op_.schema();
+    if (!pending_cpu_.empty() || !async_candidate(schema)) return false;
+    const auto& args = schema.arguments();
+    // Output geometry depends only on the arguments' metadata: look it up by that, and run the Meta kernel
+    // (Python for many ops) only for a new signature.
+    std::string key;
+    std::vector<at::Tensor> npu_args;  // in the order to_meta visits them
+    const bool cacheable = signature(begin, key, npu_args);
+    std::shared_ptr<const Inferred> inf = cacheable ? inferred_cache().find(key) : nullptr;
+    if (!inf) {
+      // A new signature runs synchronously once, and is queued from then on only if the CPU kernel's outputs
+      // matched the Meta kernel's inference exactly (some Meta kernels differ, e.g. _embedding_bag's
+      // offset2bag); not cacheable signatures always run synchronously.
+      std::shared_ptr<const Inferred> inferred = cacheable ? infer(begin) : nullptr;
+      launch::count_synchronous();
+      launch::drain(device_);
+      run_now(begin);
+      if (cacheable) inferred_cache().store(key, verify(inferred, npu_args));
+      return true;
+    }
+    if (!inf->ok) return false;
+    if (inf->view) {
+      launch::count_metadata();  // an op whose outputs are views (e.g. _unsafe_view): metadata only
+      run_now(begin);
+      return true;
+    }
+    std::vector<at::Tensor> results;  // npu tensors to return, flattened
+    std::vector<bool> fresh;          // per flattened return: newly allocated
+    for (const Inferred::Out& o : inf->outs) {
+      fresh.push_back(o.arg < 0);
+      results.push_back(o.arg < 0 ? at::Tensor() : npu_args.at(static_cast<size_t>(o.arg)));
+    }
+    std::optional<c10::OperatorHandle> out_op;
+    if (inf->all_fresh) out_op = find_out_overload(op_);
+
+    // Commit: allocate outputs, build the CPU call, hand the arguments to the queued kernel.
+    std::vector<at::Tensor> outs;  // CPU aliases of the fresh outputs
+    int64_t max_numel = max_numel_;
+    {
+      DeviceScope ds(device_);
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (!fresh[i]) continue;
+        const Inferred::Out& o = inf->outs[i];
+        results[i] = at::detail::empty_strided_generic(o.sizes, o.strides, memory::allocator(),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), o.dtype);
+        outs.push_back(cpu_alias(results[i]));
+        max_numel = std::max<int64_t>(max_numel, results[i].numel());
+      }
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      c10::IValue& v = (*stack_)[begin + i];
+      // A CPU scalar tensor (not a wrapped Python number) may be changed by the caller after the call.
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu() &&
+          !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+        v = c10::IValue(v.toTensor().clone());
+      }
+      substitute(args[i], v);
+    }
+    if (needs_generator_) {  // the random stream is reserved in launch order, as in blocking mode
+      c10::GeneratorImpl* gen = npu_generator_for(generator_, device_);
+      std::lock_guard<std::mutex> gen_lock(npu_generator_mutex(gen));
+      (*stack_)[begin + generator_slot_] = c10::IValue(fork_random_op(gen));
+      end_random_op(gen, static_cast<uint64_t>(max_numel));
+    }
+    torch::jit::Stack call(std::make_move_iterator(stack_->begin() + static_cast<std::ptrdiff_t>(begin)),
+                           std::make_move_iterator(stack_->end()));
+    stack_->resize(begin);
+    launch::enqueue(device_, op_name(), [op = op_, out_op, call = std::move(call), outs = std::move(outs),
+                                         fresh]() mutable {
+      run_queued(op, out_op, call, outs, fresh);
+    });
+    // Push the returns in schema order (lists rebuilt from the flattened results).
+    size_t k = 0;
+    for (int64_t n : inf->list_sizes) {
+      if (n < 0) {
+        stack_->emplace_back(results[k++]);
+      } else {
+        c10::List<at::Tensor> out;
+        for (int64_t j = 0; j < n; ++j) out.push_back(results[k++]);
+        stack_->emplace_back(std::move(out));
+      }
+    }
+    return true;
+  }
+
+  // The queued kernel (on the stream's worker).
+  static void run_queued(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
+                         torch::jit::Stack& call, std::vector<at::Tensor>& outs, const std::vector<bool>& fresh) {
+    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+    if (out_op) {
+      std::vector<const void*> data;
+      std::vector<at::Tensor> dst;  // second aliases of the npu outputs: an out= kernel may swap an alias's storage
+      for (const at::Tensor& o : outs) {
+        data.push_back(o.const_data_ptr());
+        auto* npu_si = static_cast<c10::StorageImpl*>(o.storage().data_ptr().get_context());
+        c10::Storage again = cpu_storage_alias(npu_si);
+        dst.push_back(cpu_alias(o, &again));
+        call.emplace_back(o);
+      }
+      out_op->redispatchBoxed(cpu, &call);
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (outs[i].const_data_ptr() == data[i]) continue;
+        // Some out= kernels give their output new memory even when its shape is already right (mse_loss.out
+        // with a reduction): the result is correct but elsewhere, so move it into the npu output.
+        TORCH_CHECK(outs[i].sizes() == dst[i].sizes() && outs[i].scalar_type() == dst[i].scalar_type(),
+                    "the CPU kernel of ", out_op->schema().operator_name(), " returned ", outs[i].sizes(), " ",
+                    outs[i].scalar_type(), " but its Meta kernel inferred ", dst[i].sizes(), " ",
+                    dst[i].scalar_type());
+        dst[i].copy_(outs[i]);
+      }
+      return;
+    }
+    op.redispatchBoxed(cpu, &call);
+    size_t k = 0, o = 0;
+    auto take = [&](const at::Tensor& r) {
+      if (!fresh[k++]) return;
+      at::Tensor& dst = outs[o++];
+      TORCH_CHECK(r.sizes() == dst.sizes() && r.scalar_type() == dst.scalar_type(), "the CPU kernel of ",
+                  op.schema().operator_name(), " returned ", r.sizes(), " ", r.scalar_type(),
+                  " but its Meta kernel inferred ", dst.sizes(), " ", dst.scalar_type());
+      dst.copy_(r);
+    };
+    for (const c10::IValue& v : call) {
+      if (v.isTensor()) take(v.toTensor());
+      else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) take(t);
+    }
+  }
+
+  // Runs the Meta kernel on meta stand-ins of the arguments and describes the outputs (not ok: the op
+  // runs synchronously).
+  std::shared_ptr<const Inferred> infer(size_t begin) {
+    auto inf = std::make_shared<Inferred>();
+    const auto& args = op_.schema().arguments();
+    metas_.clear();
+    torch::jit::Stack meta(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
+    for (size_t i = 0; i < args.size(); ++i) to_meta(args[i], meta[i]);
+    try {
+      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const std::exception&) {
+      return inf;  // no Meta kernel, data-dependent output, or a bad argument (the CPU kernel reports it)
+    }
+    for (const MetaArg& m : metas_) {
+      if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
+          m.meta.storage_offset() != m.orig.storage_offset()) {
+        return inf;  // the op resizes/restrides an argument (e.g. an empty out=): synchronous
+      }
+    }
+    bool any_view = false, any_new = false, lists = false;
+    for (const c10::IValue& v : meta) {
+      if (v.isTensor()) {
+        inf->list_sizes.push_back(-1);
+        if (!classify(v.toTensor(), *inf, any_view, any_new)) return inf;
+      } else if (v.isTensorList()) {
+        lists = true;
+        inf->list_sizes.push_back(static_cast<int64_t>(v.toTensorList().size()));
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (!classify(t, *inf, any_view, any_new)) return inf;
+        }
+      } else {
+        return inf;
+      }
+    }
+    if (any_view) {
+      if (any_new || has_written_argument(op_.schema())) return inf;
+      inf->view = true;
+    }
+    inf->all_fresh = any_new && !lists &&
+                     std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg < 0; });
+    inf->ok = true;
+    return inf;
+  }
+
+  // `inf` if the synchronous run's returns (on the stack) are exactly what it predicted, else a not-ok one.
+  std::shared_ptr<const Inferred> verify(const std::shared_ptr<const Inferred>& inf,
+                                         const std::vector<at::Tensor>& npu_args) const {
+    static const auto not_ok = std::make_shared<const Inferred>();
+    if (!inf->ok || inf->view) return inf;
+    const size_t nret = op_.schema().returns().size();
+    if (inf->list_sizes.size() != nret) return not_ok;
+    size_t k = 0;
+    auto matches = [&](const at::Tensor& t) {
+      if (k >= inf->outs.size()) return false;
+      const Inferred::Out& o = inf->outs[k++];
+      if (o.arg >= 0) return t.unsafeGetTensorImpl() == npu_args.at(static_cast<size_t>(o.arg)).unsafeGetTensorImpl();
+      return t.defined() && t.device().type() == kNpu && t.storage_offset() == 0 && t.scalar_type() == o.dtype &&
+             t.sizes() == c10::IntArrayRef(o.sizes) && t.strides() == c10::IntArrayRef(o.strides);
+    };
+    for (size_t r = 0; r < nret; ++r) {
+      const c10::IValue& v = (*stack_)[stack_->size() - nret + r];
+      const int64_t n = inf->list_sizes[r];
+      if (n < 0) {
+        if (!v.isTensor() || !matches(v.toTensor())) return not_ok;
+      } else {
+        if (!v.isTensorList() || static_cast<int64_t>(v.toTensorList().size()) != n) return not_ok;
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (!matches(t)) return not_ok;
+        }
+      }
+    }
+    return k == inf->outs.size() ? inf : not_ok;
+  }
+
+  // A meta return: the meta alias of an argument (written in place), a view of an argument's storage, or
+  // a new dense tensor to allocate. False for what npu outputs cannot be preallocated for.
+  bool classify(const at::Tensor& r, Inferred& inf, bool& any_view, bool& any_new) {
+    if (!r.defined() || !r.is_meta()) return false;
+    for (size_t i = 0; i < metas_.size(); ++i) {
+      if (metas_[i].meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
+        inf.outs.push_back(Inferred::Out{static_cast<int>(i), {}, {}, r.scalar_type()});
+        return true;
+      }
+    }
+    for (const MetaArg& m : metas_) {
+      if (m.meta.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
+        any_view = true;
+        inf.outs.push_back(Inferred::Out{-2, {}, {}, r.scalar_type()});
+        return true;
+      }
+    }
+    if (r.storage_offset() != 0 || !r.is_non_overlapping_and_dense() || r.is_conj() || r.is_neg()) return false;
+    any_new = true;
+    inf.outs.push_back(Inferred::Out{-1, r.sizes().vec(), r.strides().vec(), r.scalar_type()});
+    return true;
+  }
+
+  // The key of everything a Meta kernel can see: per npu tensor its dtype, geometry, storage size and which
+  // earlier argument shares its storage; per CPU tensor its dtype, rank and wrapped-number bit; the values
+  // of all other arguments. False (not cacheable) for argument kinds it does not encode.
+  bool signature(size_t begin, std::string& key, std::vector<at::Tensor>& npu_args) const {
+    auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
+    auto put_i = [&put](int64_t v) { put(&v, sizeof v); };
+    const void* op_id = &op_.schema();
+    put(&op_id, sizeof op_id);
+    std::vector<const c10::StorageImpl*> storages;
+    auto put_tensor = [&](const at::Tensor& t) {
+      if (!t.defined()) return put_i(-50);
+      put_i(static_cast<int64_t>(t.scalar_type()));
+      if (t.device().type() != kNpu) {
+        put_i(-100 - t.dim());
+        return put_i(t.unsafeGetTensorImpl()->is_wrapped_number());
+      }
+      npu_args.push_back(t);
+      const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+      auto it = std::find(storages.begin(), storages.end(), si);
+      put_i(it - storages.begin());
+      if (it == storages.end()) storages.push_back(si);
+      put_i(static_cast<int64_t>(si->nbytes()));
+      put_i(t.dim());
+      for (int64_t d : t.sizes()) put_i(d);
+      for (int64_t d : t.strides()) put_i(d);
+      put_i(t.storage_offset());
+      put_i(t.is_conj() * 2 + t.is_neg());
+    };
+    const auto& args = op_.schema().arguments();
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = (*stack_)[begin + i];
+      // Each kind writes a distinct marker first, so different kinds never produce the same bytes.
+      if (v.isTensor()) {
+        put_i(-1);
+        put_tensor(v.toTensor());
+      } else if (v.isTensorList()) {
+        put_i(-2);
+        put_i(static_cast<int64_t>(v.toTensorList().size()));
+        for (const at::Tensor& t : v.toTensorList()) put_tensor(t);
+      } else if (v.isList() && is_optional_tensor_list(args[i])) {
+        put_i(-3);
+        put_i(static_cast<int64_t>(v.toListRef().size()));
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isTensor()) put_tensor(e.toTensor());
+          else put_i(-51);
+        }
+      } else if (v.isInt() || v.isBool()) {
+        put_i(v.isInt() ? -4 : -5);
+        put_i(v.isInt() ? v.toInt() : v.toBool());
+      } else if (v.isDouble()) {
+        put_i(-6);
+        double d = v.toDouble();
+        put(&d, sizeof d);
+      } else if (v.isIntList()) {
+        put_i(-7);
+        put_i(static_cast<int64_t>(v.toIntList().size()));
+        for (int64_t x : v.toIntList()) put_i(x);
+      } else if (v.isString()) {
+        put_i(-8);
+        put_i(static_cast<int64_t>(v.toStringRef().size()));
+        key += v.toStringRef();
+      } else if (v.isDevice()) {
+        put_i(-9);
+        put_i(static_cast<int64_t>(v.toDevice().type()));
+      } else if (v.isComplexDouble()) {
+        put_i(-10);
+        c10::complex<double> c = v.toComplexDouble();
+        put(&c, sizeof c);
+      } else if (v.isNone() || v.isGenerator()) {
+        put_i(v.isNone() ? -11 : -12);
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void to_meta(const c10::Argument& arg, c10::IValue& v) {
+    if (v.isTensor()) {
+      v = c10::IValue(meta_of(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(meta_of(t));
+      v = c10::IValue(std::move(out));
+    } else if (v.isList() && is_optional_tensor_list(arg)) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& e : v.toListRef()) {
+        out.push_back(e.isTensor() ? std::optional<at::Tensor>(meta_of(e.toTensor())) : std::nullopt);
+      }
+      v = c10::IValue(std::move(out));
+    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
+      v = c10::IValue(c10::Device(c10::kMeta));
+    }
+  }
+
+  // A meta tensor with t's geometry; arguments on one npu storage share one meta storage.
+  at::Tensor meta_of(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNpu) return t;
+    c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+    std::optional<c10::Storage> storage;
+    for (const MetaArg& m : metas_) {
+      if (m.orig.storage().unsafeGetStorageImpl() == si) storage = m.meta.storage();
+    }
+    if (!storage) {
+      storage = c10::Storage(c10::Storage::use_byte_size_t(), si->nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                             c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(*storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                     t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (t.is_conj()) impl->_set_conj(true);
+    if (t.is_neg()) impl->_set_neg(true);
+    at::Tensor m(std::move(impl));
+    metas_.push_back(MetaArg{t, m});
+    return m;
+  }
+
+  const char* op_name() const { return op_.schema().name().c_str(); }
+
  private:
+  struct MetaArg {
+    at::Tensor orig;  // the npu argument
+    at::Tensor meta;  // its meta stand-in
+  };
+  c10::SmallVector<MetaArg, 4> metas_;
+
   void note_tensor(const at::Tensor& t, const std::string& name) {
     if (!t.defined()) return;
     c10::Device d = t.device();

@@ -1,5 +1,6 @@
 // NPUGraph: capture registry, recorded tasks, replay (graph_capture.h, docs/graphs.md).
 #include "graph_capture.h"
+#include "launch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -315,6 +316,9 @@ void Graph::replay() {
                                           : "has not been captured (or was reset)");
   check_storages_unchanged();
   DeviceScope ds(device_);
+  // Replay runs on the calling thread: work queued before it on the current stream (filling static inputs)
+  // must have run first. Later work is queued after replay returns, so it is ordered too.
+  launch::drain(device_);
   // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard), and a
   // replay is not Python's to see: the kernels' inner aten calls skip Python dispatch modes (as a device
   // graph replay would never reach them).
@@ -513,6 +517,10 @@ void copy_into_static(const std::vector<at::Tensor>& statics, const std::vector<
   TORCH_CHECK_VALUE(statics.size() == news.size(), "copy_into_static: ", statics.size(), " static inputs but ",
                     news.size(), " new inputs");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // The copies below read and write npu bytes on this thread: queued work producing the inputs runs first.
+  for (const at::Tensor& t : news) {
+    if (t.defined() && t.device().type() == kNpu) launch::drain(t.device().index());
+  }
   for (size_t i = 0; i < statics.size(); ++i) {
     const at::Tensor& dst = statics[i];
     const at::Tensor& src = news[i];
@@ -526,6 +534,9 @@ void copy_into_static(const std::vector<at::Tensor>& statics, const std::vector<
 
 std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outputs) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.device().type() == kNpu) launch::drain(t.device().index());
+  }
   std::vector<at::Tensor> fresh;
   fresh.reserve(outputs.size());
   for (const at::Tensor& o : outputs) {

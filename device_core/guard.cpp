@@ -1,9 +1,9 @@
 // DeviceGuardImpl for PrivateUse1 (npu): current device, streams and events on top of the runtime.
 // Only c10 headers (no ATen), so this file compiles quickly.
 //
-// Events are the runtime's events. Since compute is host-synchronous, `block` (Stream.wait_event) orders all
-// later work after the event by blocking the host until the event's stream has passed it; work later
-// enqueued on any stream is then necessarily behind it.
+// Events are the runtime's events. `block` (Stream.wait_event / wait_stream) makes the stream's queue wait
+// for the event without blocking the host (cudaStreamWaitEvent); with ASCEND_LAUNCH_BLOCKING=1 it blocks the
+// host as before. Synchronizations raise a kernel error recorded by an earlier queued kernel (launch.h).
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -11,6 +11,7 @@
 
 #include "graph_capture.h"
 #include "allocator/npu_allocator.h"
+#include "launch.h"
 #include "npu_runtime.h"
 
 namespace npudist {
@@ -96,8 +97,14 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
     check_value(rt::api().event_record(static_cast<NpudistEvent>(*event), idx, stream.id()));
   }
-  void block(void* event, const c10::Stream& /*stream*/) const override {
-    if (event) rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(event)));
+  void block(void* event, const c10::Stream& stream) const override {
+    if (!event) return;
+    if (launch::blocking()) {
+      rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(event)));
+      return;
+    }
+    check_value(rt::api().stream_wait_event(static_cast<NpudistEvent>(event), checked_index(stream.device()),
+                                            stream.id()));
   }
   bool queryEvent(void* event) const override {
     return rt::api().event_query(static_cast<NpudistEvent>(event)) != 0;
@@ -105,6 +112,7 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     if (graph::any_capture_active()) graph::check_not_capturing("Event.synchronize()");
     if (event) rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(event)));
+    launch::raise_pending_error();
   }
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     (void)rt::api().event_destroy(static_cast<NpudistEvent>(event));
@@ -126,10 +134,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeStream(const c10::Stream& s) const override {
     if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     check_value(rt::api().stream_synchronize(checked_index(s.device()), s.id()));
+    launch::raise_pending_error();
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
     rt::check(rt::api().device_synchronize(checked_index(c10::Device(kNpu, device_index))));
+    launch::raise_pending_error();
   }
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
     memory::record_stream(data_ptr, stream);

@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "allocator/npu_allocator.h"
+#include "launch.h"
 #include "npu_tensor.h"
 
 namespace npudist {
@@ -114,6 +115,12 @@ at::Generator begin_random_op(c10::GeneratorImpl* gen) {
   std::lock_guard<std::mutex> state_lock(g->mutex_);
   g->cpu_.get<at::CPUGeneratorImpl>()->set_current_seed(splitmix64(g->seed_ ^ splitmix64(g->offset_)));
   return g->cpu_;
+}
+
+at::Generator fork_random_op(c10::GeneratorImpl* gen) {
+  auto* g = as_npu(gen);
+  std::lock_guard<std::mutex> state_lock(g->mutex_);
+  return at::make_generator<at::CPUGeneratorImpl>(splitmix64(g->seed_ ^ splitmix64(g->offset_)));
 }
 
 void end_random_op(c10::GeneratorImpl* gen, uint64_t numel) {
@@ -214,11 +221,21 @@ void resize_npu_storage(c10::StorageImpl* s, size_t nbytes) {
   DeviceScope ds(dev);
   c10::DataPtr fresh = nbytes ? memory::allocator()->allocate(nbytes) : c10::DataPtr(nullptr, s->device());
   size_t keep = std::min(nbytes, s->nbytes());
-  if (keep && s->data_ptr().get()) {
-    rt::check(rt::api().memcpy(fresh.get(), s->data_ptr().get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
-  }
-  s->set_data_ptr_noswap(std::move(fresh));
+  void* dst = fresh.get();
+  c10::DataPtr old = s->set_data_ptr(std::move(fresh));
   s->set_nbytes(nbytes);
+  if (!old.get()) return;
+  if (launch::blocking()) {
+    if (keep) rt::check(rt::api().memcpy(dst, old.get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
+    return;
+  }
+  // Queued kernels may still use the old bytes (e.g. FSDP's resize_(0) right after the last use): copy and
+  // free them in stream order, as a queued task that owns them.
+  auto held = std::make_shared<c10::DataPtr>(std::move(old));
+  launch::enqueue(dev, "storage resize", [held, dst, keep]() {
+    if (keep) rt::check(rt::api().memcpy(dst, held->get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
+    held->clear();
+  });
 }
 
 void register_hooks() {

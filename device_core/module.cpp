@@ -2,8 +2,11 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include <frameobject.h>
+
 #include "allocator/npu_allocator.h"
 #include "graph_capture.h"
+#include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -27,6 +30,52 @@ void restore_gil(void* token) {
   if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
 }
 
+// Launch sites of npu ops, for errors of queued kernels. At launch only the innermost Python frame's code
+// object and instruction offset are taken (the line number is computed from them only when a kernel
+// failed). Ops called from Python run with the GIL released, so capturing takes it back briefly; threads
+// without Python (the autograd engine's device threads) have no site. Tokens are released on stream
+// workers, which hold no GIL: their code references are dropped at the next capture, which holds it.
+struct PySite {
+  PyCodeObject* code;
+  int lasti;
+};
+std::mutex g_released_mu;
+std::vector<PySite*> g_released;
+
+void* capture_site() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
+  PyGILState_STATE g = PyGILState_Ensure();
+  PySite* site = nullptr;
+  if (PyFrameObject* f = PyEval_GetFrame()) site = new PySite{PyFrame_GetCode(f), PyFrame_GetLasti(f)};
+  std::vector<PySite*> done;
+  {
+    std::lock_guard<std::mutex> lk(g_released_mu);
+    done.swap(g_released);
+  }
+  for (PySite* s : done) {
+    Py_DECREF(s->code);
+    delete s;
+  }
+  PyGILState_Release(g);
+  return site;
+}
+
+std::string describe_site(void* token) {
+  auto* site = static_cast<PySite*>(token);
+  if (!Py_IsInitialized()) return {};
+  PyGILState_STATE g = PyGILState_Ensure();
+  const char* file = PyUnicode_AsUTF8(site->code->co_filename);
+  std::string out = std::string(file ? file : "?") + ":" + std::to_string(PyCode_Addr2Line(site->code, site->lasti));
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(g);
+  return out;
+}
+
+void release_site(void* token) {
+  std::lock_guard<std::mutex> lk(g_released_mu);
+  g_released.push_back(static_cast<PySite*>(token));
+}
+
 py::tuple device_properties(int d) {
   check_index(d);
   NpudistDeviceProperties p{};
@@ -45,6 +94,7 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   size_t redirected = register_cpu_kernel_redirects();
   rt::api().set_blocking_hooks(&release_gil_if_held, &restore_gil);
+  launch::set_site_hooks(launch::SiteHooks{&capture_site, &describe_site, &release_site});
   memory::init_bindings(m);
   profiler::init_bindings(m);
   graph::init_bindings(m);
@@ -63,7 +113,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", [](int d) {
     check_index(d);
     if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
-    rt::check(rt::api().device_synchronize(d)); }, nogil);
+    rt::check(rt::api().device_synchronize(d));
+    launch::raise_pending_error();
+  }, nogil);
+  m.def("_launch_blocking", [] { return launch::blocking(); },
+        "True when ASCEND_LAUNCH_BLOCKING/NPUDIST_LAUNCH_BLOCKING made every npu op synchronous.");
+  m.def("_launch_counts", [] {
+    launch::Counts c = launch::counts();
+    return py::dict(py::arg("queued") = c.queued, py::arg("synchronous") = c.synchronous,
+                    py::arg("metadata") = c.metadata);
+  }, "Ops by launch path since the last reset: queued kernels, synchronous (drained) ops, metadata ops.");
+  m.def("_reset_launch_counts", [] { launch::reset_counts(); });
   m.def("_current_stream", [](int d) { check_index(d); return rt::api().get_stream(d); });
   m.def("_set_stream", [](int d, int64_t s) {
     check_index(d);
@@ -79,6 +139,7 @@ PYBIND11_MODULE(_C, m) {
     check_index(d);
     if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     rt::check(rt::api().stream_synchronize(d, s));
+    launch::raise_pending_error();
   }, nogil);
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
   m.def("_default_generator", [](int d) {

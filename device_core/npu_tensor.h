@@ -79,6 +79,9 @@ c10::Storage adopt_storage(const c10::Storage& cpu_storage, int device, const Ad
 c10::GeneratorImpl* npu_generator_for(const std::optional<at::Generator>& gen, int device);
 std::mutex& npu_generator_mutex(c10::GeneratorImpl* gen);
 at::Generator begin_random_op(c10::GeneratorImpl* gen);  // caller holds the generator mutex
+// A new CPU generator in the state begin_random_op would give the shared one: for a queued kernel, which
+// runs after later ops have reseeded the shared one. Caller holds the generator mutex.
+at::Generator fork_random_op(c10::GeneratorImpl* gen);
 void end_random_op(c10::GeneratorImpl* gen, uint64_t numel);
 const at::Generator& default_npu_generator(int device);
 at::Generator new_npu_generator(int device);

@@ -2,9 +2,10 @@
 // device and streams, per-stream host-function queues run by lazily started worker threads, markers
 // (the substance of events). The C table over all of it is runtime_c_api.cpp.
 //
-// Compute is host-synchronous, so a stream only holds *host functions* enqueued by other components.
-// A stream's worker runs them in order; a marker recorded on a stream is done once everything enqueued
-// before it has run. Waits spin briefly, then yield, then sleep (the machine has fewer cores than the
+// A stream holds host functions: the aten glue's queued kernels (device_core/launch.cpp) and other
+// components' work (hccl). A stream's worker runs them in order; a marker recorded on a stream is done
+// once everything enqueued before it has run; a stream-wait task holds a stream's worker until another
+// stream's marker is done (cudaStreamWaitEvent). Waits spin briefly, then yield, then sleep (the machine has fewer cores than the
 // threads that wait), and every sleep is bounded so a lost wake-up costs at most a millisecond.
 #include "runtime_internal.h"
 
@@ -249,6 +250,7 @@ struct Task {
   npudist_host_fn fn = nullptr;
   void* arg = nullptr;
   MarkerPtr marker;  // set for marker tasks (fn == nullptr)
+  MarkerPtr wait;    // set for stream-wait tasks: the worker blocks until this marker of another stream is done
 };
 
 // One stream: an in-order queue of host functions and the worker that runs them.
@@ -273,6 +275,7 @@ struct StreamState {
         t = std::move(queue.front());
         queue.pop_front();
       }
+      if (t.wait) wait_on_worker(t.wait);
       if (t.fn) t.fn(t.arg);
       if (t.marker) {
         t.marker->time_ns.store(now_ns(), std::memory_order_relaxed);
@@ -285,6 +288,10 @@ struct StreamState {
       }
     }
   }
+
+  // Defined below state(): a stream's worker waiting for another stream's marker (never calls the blocking
+  // hooks: a worker holds no Python GIL).
+  static void wait_on_worker(const MarkerPtr& m);
 
   void push(Task t) {
     {
@@ -319,6 +326,15 @@ StreamState* state(int device, int64_t stream) {
   if (g_streams[device][stream].compare_exchange_strong(s, fresh)) return fresh;
   delete fresh;
   return s;
+}
+
+void StreamState::wait_on_worker(const MarkerPtr& m) {
+  if (m->done.load(std::memory_order_acquire)) return;
+  StreamState* other = state(m->device, m->stream);
+  other->waiters.fetch_add(1);
+  std::atomic<int> sleepers{0};
+  wait_until([&] { return m->done.load(std::memory_order_acquire); }, other->mu, other->cv_done, sleepers);
+  other->waiters.fetch_sub(1);
 }
 
 // After fork only the forking thread exists in the child: forget the parent's workers and queues.
@@ -385,6 +401,13 @@ void launch_host_func(int device, int64_t stream, void (*fn)(void*), void* arg) 
   Task t;
   t.fn = fn;
   t.arg = arg;
+  state(device, stream)->push(std::move(t));
+}
+
+void stream_wait_marker(int device, int64_t stream, const MarkerPtr& m) {
+  if (marker_done(m)) return;  // nothing to order after (and a cheap check for the common case)
+  Task t;
+  t.wait = m;
   state(device, stream)->push(std::move(t));
 }
 

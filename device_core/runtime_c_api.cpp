@@ -174,6 +174,13 @@ npudist_status c_event_synchronize(NpudistEvent event) {
     if (event) marker_wait(event->get());
   });
 }
+npudist_status c_stream_wait_event(NpudistEvent event, int device, int64_t stream) {
+  return guarded([&] {
+    check_device(device);
+    check_stream(stream);
+    if (event) stream_wait_marker(device, stream, event->get());
+  });
+}
 npudist_status c_event_elapsed_ms(NpudistEvent start, NpudistEvent end, double* ms) {
   if (!ms) return fail(NPUDIST_ERROR_INVALID_VALUE, "event_elapsed_ms: ms is null");
   if (!start || !end) return fail(NPUDIST_ERROR_NOT_READY, "elapsed_time: both events must have been recorded");
@@ -220,6 +227,7 @@ const NpudistRuntimeApi g_api = {
     &c_event_synchronize,
     &c_event_elapsed_ms,
     &c_set_blocking_hooks,
+    &c_stream_wait_event,
 };
 
 }  // namespace

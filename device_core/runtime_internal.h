@@ -2,9 +2,8 @@
 // runtime_memory.cpp (device memory on host mappings) and runtime_c_api.cpp (the C table). Nothing outside
 // the runtime includes this: the allocator and the aten glue use npudist/runtime_c_api.h.
 //
-// Model: compute is host-synchronous (like ASCEND_LAUNCH_BLOCKING=1). A stream additionally owns an
-// in-order queue of *host functions* that other components (the hccl backend) enqueue; those run
-// asynchronously on the stream's worker thread. A marker recorded on a stream is done once every host
+// Model: a stream owns an in-order queue of *host functions* (the glue's queued kernels, hccl's gates and
+// fences); they run asynchronously on the stream's worker thread. A marker recorded on a stream is done once every host
 // function enqueued on that stream before it has run (immediately, if the queue is empty).
 #pragma once
 #include <cstddef>
@@ -52,6 +51,8 @@ double marker_elapsed_ms(const MarkerPtr& start, const MarkerPtr& end);
 
 // Enqueue fn(arg) to run after all work previously enqueued on (device, stream). fn must not throw.
 void launch_host_func(int device, int64_t stream, void (*fn)(void*), void* arg);
+// Work enqueued on (device, stream) after this call runs only once marker `m` is done (no host block).
+void stream_wait_marker(int device, int64_t stream, const MarkerPtr& m);
 bool stream_query(int device, int64_t stream);
 void stream_synchronize(int device, int64_t stream);
 void device_synchronize(int device);

@@ -23,6 +23,7 @@ at::Tensor scaled_add_npu(const at::Tensor& x, const at::Tensor& y, double alpha
   npudist::NPUGuard guard(x.device());
   at::Tensor xc = x.contiguous(), yc = y.contiguous();
   at::Tensor out = at::empty_like(xc);  // npu caching allocator, on x's device
+  npudist::waitCurrentNPUStream();       // x, y (and the contiguous copies) may still be queued
   const float* px = xc.data_ptr<float>();
   const float* py = yc.data_ptr<float>();
   float* po = out.data_ptr<float>();

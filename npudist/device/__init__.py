@@ -6,7 +6,7 @@ and its public names are re-exported here.
 """
 import os as _os
 
-from npudist.device import _registration, linear_ce_defaults, shallow_copy
+from npudist.device import _registration, launch, linear_ce_defaults, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -77,6 +77,7 @@ __all__ = [
 _registration.register(__name__)
 shallow_copy.register()
 linear_ce_defaults.register()
+launch.register()
 
 _SANITIZER_FLAG = _os.environ.get("NPUDIST_STREAM_SANITIZER", "0")
 if _SANITIZER_FLAG not in ("", "0", "1"):

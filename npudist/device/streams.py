@@ -1,8 +1,9 @@
 """torch.npu streams and events (mirror torch.cuda.Stream/Event on top of torch.Stream/torch.Event).
 
-Semantics (see docs/device.md): compute is host-synchronous; work that components enqueue on a stream
-(``npudist._C._runtime_api()``) runs asynchronously in order; an event completes when its stream has
-passed it; ``wait_event``/``wait_stream`` block the host until then, which orders all later work.
+Semantics (see docs/device.md): npu ops and the work other components enqueue on a stream
+(``npudist._C._runtime_api()``) run asynchronously in order; an event completes when its stream has
+passed it; ``wait_event``/``wait_stream`` make the waiting stream's queue wait for it (the host only with
+``ASCEND_LAUNCH_BLOCKING=1``).
 
 Trace hooks: every synchronization that goes through torch.npu (stream creation, event record/wait,
 stream/event/device synchronize) is reported to the callables registered with :func:`register_trace_hook`
@@ -55,7 +56,7 @@ class Stream(torch.Stream):
         return s
 
     def wait_event(self, event: torch.Event) -> None:
-        """Order all later work after ``event`` (blocks the host until the event has completed)."""
+        """Order all later work on this stream after ``event`` (the host waits only under blocking launch)."""
         # torch.Event.wait, not event.wait: a plain torch.Event would skip the trace.
         torch.Event.wait(event, self)
         if _trace_hooks:

@@ -87,3 +87,24 @@ def launch_host_fill(target: torch.Tensor, value: float, delay_us: int, stream_i
                                          delay_us, dev, stream_id)
     if status != SUCCESS:
         raise RuntimeError(f"launch_host_func failed ({status}): {err}")
+
+
+class HostGate:
+    """A host function holding an npu stream closed until ``open()`` (at most 60 s): work queued behind it
+    waits, which makes asynchronous launch observable without timing."""
+
+    def __init__(self, device: int, stream_id: int):
+        status, self._handle = ext().launch_host_gate(api(), device, stream_id)
+        if status != SUCCESS:
+            raise RuntimeError(f"launch_host_func failed ({status})")
+
+    def open(self) -> None:
+        handle, self._handle = self._handle, 0  # once, even when a timer thread and the test both open it
+        if handle:
+            ext().open_host_gate(handle)
+
+    def __enter__(self) -> "HostGate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open()

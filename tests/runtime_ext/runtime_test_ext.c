@@ -85,6 +85,51 @@ static PyObject* launch_host_fill(PyObject* self, PyObject* args) {
   return status_tuple(api, s);
 }
 
+/* A host function that holds its stream until the test opens it (or 60 s pass, so a failing test cannot
+ * hang): everything queued behind it observably waits, independent of timing. */
+typedef struct {
+  volatile int open;
+  volatile int done;
+} Gate;
+
+static void run_gate(void* arg) {
+  Gate* g = arg;
+  struct timespec ts = {0, 1000000};
+  for (int i = 0; i < 60000 && !__atomic_load_n(&g->open, __ATOMIC_ACQUIRE); ++i) nanosleep(&ts, NULL);
+  __atomic_store_n(&g->done, 1, __ATOMIC_RELEASE);
+}
+
+/* (status, gate handle) */
+static PyObject* launch_host_gate(PyObject* self, PyObject* args) {
+  PyObject* cap;
+  int device;
+  long long stream;
+  if (!PyArg_ParseTuple(args, "OiL", &cap, &device, &stream)) return NULL;
+  const NpudistRuntimeApi* api = table(cap);
+  if (!api) return NULL;
+  Gate* g = calloc(1, sizeof(Gate));
+  if (!g) return PyErr_NoMemory();
+  npudist_status s = api->launch_host_func(device, stream, &run_gate, g);
+  if (s != NPUDIST_SUCCESS) {
+    free(g);
+    g = NULL;
+  }
+  return Py_BuildValue("(iK)", s, (unsigned long long)(uintptr_t)g);
+}
+
+/* Opens the gate and waits until its host function returned, then frees it. */
+static PyObject* open_host_gate(PyObject* self, PyObject* arg) {
+  Gate* g = (Gate*)(uintptr_t)PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return NULL;
+  __atomic_store_n(&g->open, 1, __ATOMIC_RELEASE);
+  struct timespec ts = {0, 100000};
+  Py_BEGIN_ALLOW_THREADS
+  while (!__atomic_load_n(&g->done, __ATOMIC_ACQUIRE)) nanosleep(&ts, NULL);
+  Py_END_ALLOW_THREADS
+  free(g);
+  Py_RETURN_NONE;
+}
+
 static PyObject* version(PyObject* self, PyObject* cap) {
   const NpudistRuntimeApi* api = table(cap);
   return api ? PyLong_FromUnsignedLong(api->version) : NULL;
@@ -249,6 +294,8 @@ static PyObject* set_device_status(PyObject* self, PyObject* args) {
 
 static PyMethodDef kMethods[] = {
     {"launch_host_fill", launch_host_fill, METH_VARARGS, NULL},
+    {"launch_host_gate", launch_host_gate, METH_VARARGS, NULL},
+    {"open_host_gate", open_host_gate, METH_O, NULL},
     {"version", version, METH_O, NULL},
     {"memcpy", rt_memcpy, METH_VARARGS, NULL},
     {"memset", rt_memset, METH_VARARGS, NULL},

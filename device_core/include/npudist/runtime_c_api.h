@@ -19,7 +19,8 @@ extern "C" {
 #endif
 
 // 3: status codes; memory, copies, streams, events and device properties joined the table.
-#define NPUDIST_RUNTIME_API_VERSION 3
+// 4: stream_wait_event (appended; a consumer built for version N works with any table of version >= N).
+#define NPUDIST_RUNTIME_API_VERSION 4
 #define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
 #define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
 
@@ -103,7 +104,7 @@ typedef struct NpudistRuntimeApi {
   npudist_status (*release_address)(void* base, uint64_t bytes);
   npudist_status (*map_memory)(void* ptr, uint64_t bytes);
   npudist_status (*unmap_memory)(void* ptr, uint64_t bytes);
-  // Synchronous copy / fill (compute is host-synchronous in the emulated runtime).
+  // Synchronous copy / fill: they touch the bytes now, ordered after nothing (callers drain streams first).
   npudist_status (*memcpy)(void* dst, const void* src, uint64_t bytes, NpudistMemcpyKind kind);
   npudist_status (*memset)(void* dst, int value, uint64_t bytes);
 
@@ -126,6 +127,11 @@ typedef struct NpudistRuntimeApi {
   npudist_status (*event_elapsed_ms)(NpudistEvent start, NpudistEvent end, double* ms);
 
   void (*set_blocking_hooks)(npudist_before_block_fn before, npudist_after_block_fn after);
+
+  // --- Version 4 ---
+  // Work enqueued on `stream` after this call runs only after `event` completed; the host does not block
+  // (aclrtStreamWaitEvent). An event never recorded is complete.
+  npudist_status (*stream_wait_event)(NpudistEvent event, int device, int64_t stream);
 } NpudistRuntimeApi;
 
 // The runtime linked into npudist._C (the emulated one). Never null.

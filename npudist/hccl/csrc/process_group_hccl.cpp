@@ -80,8 +80,9 @@ bool gloo_forced() {
 void set_runtime_api(uintptr_t address) {
   auto* api = reinterpret_cast<const NpudistRuntimeApi*>(address);
   TORCH_CHECK(api != nullptr, "npudist runtime API address is null");
-  TORCH_CHECK(api->version == NPUDIST_RUNTIME_API_VERSION, "npudist runtime API version ",
-              api->version, " != ", NPUDIST_RUNTIME_API_VERSION,
+  // The table only grows at its end: any table at least as new as the header this was built with works.
+  TORCH_CHECK(api->version >= NPUDIST_RUNTIME_API_VERSION, "npudist runtime API version ",
+              api->version, " < ", NPUDIST_RUNTIME_API_VERSION,
               " expected by npudist.hccl; rebuild both extensions");
   g_api = api;
 }

@@ -7,6 +7,7 @@
 //     npudist::NPUGuard guard(x.device());          // current npu device = x's, restored on exit
 //     c10::Stream stream = npudist::getCurrentNPUStream();
 //     at::Tensor out = at::empty_like(x);           // allocated (and counted) by the npu caching allocator
+//     npudist::waitCurrentNPUStream();              // ops launch asynchronously: let x's producers finish
 //     ... read x.data_ptr<float>(), write out.data_ptr<float>() ...
 //     return out;
 //   }
@@ -18,8 +19,9 @@
 // c10_npu::NPUGuard / getCurrentNPUStream so Ascend extension code ports with a namespace change.
 //
 // Emulation note: npu memory is host memory, so a kernel computes on the calling thread directly through the
-// data pointers, as npudist's own kernels do (compute is host-synchronous; see docs/device.md). Work other
-// components enqueued on a stream (hccl collectives) is ordered by events: wait on them before reading.
+// data pointers. npu ops launch asynchronously (their kernels run later on the stream's worker; see
+// docs/device.md, "Asynchronous launch"), so a host-computing kernel calls waitCurrentNPUStream() before it
+// touches the bytes, as host code reading CUDA memory synchronizes first.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -65,6 +67,12 @@ inline c10::Stream getCurrentNPUStream(c10::DeviceIndex index = -1) {
   c10::impl::VirtualGuardImpl impl(kNPU);
   if (index < 0) index = impl.getDevice().index();
   return impl.getStream(c10::Device(kNPU, index));
+}
+
+// Block until the work queued on the current stream of `index` (default: the current device) has run, and
+// raise an error of a queued kernel, so that a kernel computing on the host sees its inputs' final bytes.
+inline void waitCurrentNPUStream(c10::DeviceIndex index = -1) {
+  c10::impl::VirtualGuardImpl(kNPU).synchronizeStream(getCurrentNPUStream(index));
 }
 
 }  // namespace npudist

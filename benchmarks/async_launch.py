@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Asynchronous launch: how long a loop of 30 chained 1024x1024 matmuls takes to *return*, relative to the
+time until its results are ready (torch.npu.synchronize), with launch on (default) and with
+ASCEND_LAUNCH_BLOCKING=1.
+
+    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024]
+
+Each mode runs in its own process (the variable is read once per process); both processes are driven in
+alternating rounds, so machine noise hits both alike. Reported per mode: median loop time, median time to
+synchronize, and their ratio. Target: async ratio < 0.30 (the loop returns long before the work is done);
+blocking ratio ~1.0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--chain", type=int, default=30)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def worker(args) -> None:
+    """Reads one line per round from stdin, answers with the round's timings as JSON."""
+    import torch
+    import npudist  # noqa: F401
+    a = torch.randn(args.size, args.size, device="npu") / args.size ** 0.5
+    b = a @ a  # warm-up (BLAS init, allocator)
+    torch.npu.synchronize()
+    for _ in sys.stdin:
+        t0 = time.perf_counter()
+        b = a
+        for _ in range(args.chain):
+            b = b @ a
+        t_loop = time.perf_counter() - t0
+        torch.npu.synchronize()
+        t_sync = time.perf_counter() - t0
+        print(json.dumps({"loop": t_loop, "sync": t_sync, "blocking": torch.npu.launch.is_blocking()}), flush=True)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size)]
+    sys.path.insert(0, HERE)
+    from _alternate import alternate
+    times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking))
+                       for mode, blocking in (("async", "0"), ("blocking", "1"))}, args.rounds)
+    print(f"{args.chain} chained {args.size}x{args.size} matmuls on npu, {args.rounds} alternating rounds (medians); "
+          f"load average {os.getloadavg()[0]:.2f}")
+    ratios = {}
+    for mode, ts in times.items():
+        loop = statistics.median(t["loop"] for t in ts)
+        sync = statistics.median(t["sync"] for t in ts)
+        ratios[mode] = statistics.median(t["loop"] / t["sync"] for t in ts)
+        print(f"  {mode:<9} loop returns {loop * 1e3:8.1f} ms   results ready {sync * 1e3:8.1f} ms   "
+              f"loop/ready = {ratios[mode]:.3f}")
+    ok = ratios["async"] < 0.30 and ratios["blocking"] > 0.9
+    print(f"async loop/ready {ratios['async']:.3f} (target < 0.30), blocking {ratios['blocking']:.3f} (~1.0): "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+// Asynchronous kernel launch (docs/device.md, "Asynchronous launch"): the glue checks arguments and
+// allocates outputs on the calling thread, then enqueues the kernel on the current stream's task queue;
+// the stream's worker runs it. c10-free on purpose, so guard.cpp (c10-only) can include it.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace npudist::launch {
+
+// True unless ASCEND_LAUNCH_BLOCKING=0 (or NPUDIST_LAUNCH_BLOCKING=0) selected asynchronous launch: every op
+// runs on the calling thread and nothing drains, exactly the host-synchronous behaviour. Read once.
+bool blocking();
+
+// Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured is
+// released on the worker after it ran (captured tensors keep their memory alive until then). A kernel that
+// throws records an error naming `op` and the Python line that launched it; the next synchronization
+// point raises it.
+void enqueue(int device, const char* op, std::function<void()> kernel);
+
+// Block until `device`'s current stream ran everything queued on it, then raise a recorded kernel error.
+// Every host access to npu bytes outside a queued kernel calls this first. No-op in blocking mode.
+void drain(int device);
+
+// Raise (and clear) the first recorded kernel error as a RuntimeError, if there is one.
+void raise_pending_error();
+
+// Where the calling thread launches from, set by the Python module (module.cpp). `capture` runs at every
+// launch and must be cheap: it returns an opaque token (the Python code object and instruction offset);
+// `describe` turns a token into "file.py:12" (only when a kernel failed); `release` drops a token.
+struct SiteHooks {
+  void* (*capture)() = nullptr;
+  std::string (*describe)(void* token) = nullptr;
+  void (*release)(void* token) = nullptr;
+};
+void set_site_hooks(SiteHooks hooks);
+
+// How many ops took each path since the last reset (measures how much of a program runs asynchronously).
+struct Counts {
+  uint64_t queued = 0;  // kernels enqueued
+  uint64_t synchronous = 0;  // ops that drained the stream and ran on the calling thread
+  uint64_t metadata = 0;  // view/metadata ops (no data access; never drain)
+};
+Counts counts();
+void reset_counts();
+void count_synchronous();
+void count_metadata();
+
+}  // namespace npudist::launch

@@ -1,0 +1,42 @@
+"""Asynchronous launch (docs/device.md, "Asynchronous launch"): npu ops queue their kernels on the current
+stream and return; ``ASCEND_LAUNCH_BLOCKING=1`` (or ``NPUDIST_LAUNCH_BLOCKING=1``), read once when the first
+op runs, makes every op synchronous.
+
+Queued kernels must have run before the process forks (the child has no stream workers) or exits (workers
+would compute while the interpreter shuts down): :func:`register` drains every device at both points.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+from npudist import _C
+
+
+def is_blocking() -> bool:
+    """True when npu ops run synchronously (``ASCEND_LAUNCH_BLOCKING=1``)."""
+    return _C._launch_blocking()
+
+
+def launch_counts() -> dict:
+    """Ops by launch path since the last :func:`reset_launch_counts`: ``queued`` kernels, ``synchronous``
+    ops (which drained the stream and ran on the calling thread) and ``metadata`` ops (views, no data)."""
+    return dict(_C._launch_counts())
+
+
+def reset_launch_counts() -> None:
+    _C._reset_launch_counts()
+
+
+def _drain_all_devices() -> None:
+    for device in range(_C._device_count()):
+        try:
+            _C._synchronize(device)
+        except RuntimeError as e:  # a queued kernel failed and nobody synchronized since
+            print(f"npudist: an asynchronous npu error was never synchronized: {e}", file=sys.stderr)
+
+
+def register() -> None:
+    atexit.register(_drain_all_devices)
+    os.register_at_fork(before=_drain_all_devices)

@@ -1,0 +1,214 @@
+"""Asynchronous launch: npu ops queue their kernels on the current stream and return; synchronization points
+wait; ASCEND_LAUNCH_BLOCKING=1 restores synchronous ops; results are bitwise equal in both modes.
+
+Asynchrony is shown without timing: a host "gate" (tests/runtime_ext) holds a stream closed, so whatever
+was queued behind it provably has not run until the test opens it. An op signature runs synchronously the
+first time (its Meta inference is verified against the CPU kernel), so each test runs its ops once first."""
+import json
+import threading
+
+import pytest
+import torch
+
+from npudist.device import launch
+from runtime_ext import HostGate
+
+from .conftest import run_python
+
+# In-process tests need asynchronous launch (ASCEND_LAUNCH_BLOCKING=0: the CI's second run); the subprocess tests
+# choose their mode themselves.
+needs_async = pytest.mark.skipif(launch.is_blocking(), reason="asynchronous launch is off (ASCEND_LAUNCH_BLOCKING=0 enables it)")
+
+
+@needs_async
+def test_launch_returns_before_the_kernel_ran():
+    a = torch.randn(64, 64, device="npu")
+    expected = (a.cpu() @ a.cpu()) @ a.cpu()
+    (a @ a) @ a  # first run of the signature: synchronous
+    torch.npu.synchronize()
+    stream = torch.npu.current_stream()
+    with HostGate(0, stream.stream_id):
+        launch.reset_launch_counts()
+        b = (a @ a) @ a  # returns although the stream is held: the matmuls are queued behind the gate
+        assert launch.launch_counts()["queued"] == 2
+        assert not stream.query()
+    torch.npu.synchronize()
+    assert stream.query()
+    assert torch.equal(b.cpu(), expected)
+
+
+@needs_async
+def test_sync_points_wait_for_queued_kernels():
+    x = torch.arange(6, dtype=torch.float32, device="npu")
+    (x * 3 + 1).sum()
+    stream = torch.npu.current_stream()
+    gate = HostGate(0, stream.stream_id)
+    y = x * 3 + 1
+    timer = threading.Timer(0.2, gate.open)  # .item()/.cpu() below must wait for it
+    timer.start()
+    try:
+        assert y[5].item() == 16.0
+        assert y.tolist() == [1.0, 4.0, 7.0, 10.0, 13.0, 16.0]
+    finally:
+        timer.join()
+        gate.open()
+    with HostGate(0, stream.stream_id) as g:
+        z = y.sum()
+        threading.Timer(0.1, g.open).start()
+        assert torch.equal(z.cpu(), torch.tensor(51.0))
+
+
+@needs_async
+def test_wait_stream_orders_queues_without_blocking_the_host():
+    side = torch.npu.Stream()
+    x = torch.full((8,), 2.0, device="npu")
+    x * 5 + 1
+    torch.npu.synchronize()
+    with HostGate(0, side.stream_id) as gate:
+        with torch.npu.stream(side):
+            y = x * 5  # queued behind the gate on `side`
+        torch.npu.current_stream().wait_stream(side)  # returns: the default stream's queue waits instead
+        z = y + 1
+        assert not side.query() and not torch.npu.current_stream().query()
+        gate.open()
+    torch.npu.current_stream().synchronize()
+    assert torch.equal(z.cpu(), torch.full((8,), 11.0))
+
+
+@needs_async
+def test_freed_block_is_not_reused_by_another_stream_while_a_queued_kernel_uses_it():
+    side = torch.npu.Stream()
+    x = torch.full((1024,), 3.0, device="npu")
+    x * 2
+    torch.npu.synchronize()
+    with HostGate(0, side.stream_id) as gate:
+        side.wait_stream(torch.npu.current_stream())
+        with torch.npu.stream(side):
+            y = x * 2  # reads x once the gate opens
+        x.record_stream(side)
+        old = x.data_ptr()
+        del x
+        other = torch.zeros(1024, device="npu")  # default stream: must not get x's block
+        assert other.data_ptr() != old
+        gate.open()
+    side.synchronize()
+    assert torch.equal(y.cpu(), torch.full((1024,), 6.0))
+
+
+@needs_async
+def test_h2d_copy_snapshots_the_pageable_source():
+    src = torch.arange(16, dtype=torch.float32)
+    dst = src.to("npu", non_blocking=True)
+    src.fill_(-1)
+    assert torch.equal(dst.cpu(), torch.arange(16, dtype=torch.float32))
+
+
+@needs_async
+def test_kernel_error_surfaces_at_the_next_sync_naming_op_and_line():
+    x = torch.randn(3, 4, device="npu")
+    bad = torch.tensor([0, 7], device="npu")  # out of range: only the kernel can tell
+    torch.index_select(x, 0, torch.tensor([0, 2], device="npu"))  # the signature's synchronous first run
+    torch.npu.synchronize()
+    y = torch.index_select(x, 0, bad)  # LAUNCH LINE
+    line = next(i for i, s in enumerate(open(__file__).read().splitlines(), 1) if s.endswith("# LAUNCH LINE"))
+    with pytest.raises(RuntimeError) as info:
+        torch.npu.synchronize()
+    msg = str(info.value)
+    assert "aten::index_select" in msg and f"test_async_launch.py:{line}" in msg and "out of range" in msg
+    torch.npu.synchronize()  # reported once
+    del y
+
+
+@needs_async
+def test_data_dependent_and_scalar_ops_run_synchronously():
+    x = torch.tensor([0.0, 1.5, 0.0, 2.0], device="npu")
+    for _ in range(2):  # also once the signatures are known
+        launch.reset_launch_counts()
+        nz = torch.nonzero(x)
+        sel = x[x > 0]
+        assert launch.launch_counts()["synchronous"] >= 2
+    assert torch.equal(nz.cpu(), torch.tensor([[1], [3]])) and torch.equal(sel.cpu(), torch.tensor([1.5, 2.0]))
+
+
+def test_blocking_env_makes_every_op_synchronous():
+    code = """
+import torch, npudist
+from npudist.device import launch
+from runtime_ext import HostGate
+assert launch.is_blocking()
+a = torch.randn(32, 32, device='npu')
+with HostGate(0, 0):
+    launch.reset_launch_counts()
+    b = a @ a + 1  # runs now, although the stream is held
+    assert torch.equal(b.cpu(), a.cpu() @ a.cpu() + 1)  # (no drain in blocking mode)
+    assert launch.launch_counts()['queued'] == 0
+print('ok')
+"""
+    for env in ({"ASCEND_LAUNCH_BLOCKING": "1", "NPUDIST_LAUNCH_BLOCKING": "1"}, {"NPUDIST_LAUNCH_BLOCKING": "1"}):
+        res = run_python(code, env={**env, "PYTHONPATH": "tests"}, timeout=120)
+        assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+TRAIN = """
+import json, sys, torch, torch.nn as nn, torch.nn.functional as F
+import npudist
+torch.manual_seed(0); torch.npu.manual_seed(0)
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 32); self.ln = nn.LayerNorm(32); self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.ff = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 32)); self.rms = nn.RMSNorm(32)
+        self.head = nn.Linear(32, 50)
+    def forward(self, t):
+        h = self.emb(t); a, _ = self.attn(self.ln(h), self.ln(h), self.ln(h), need_weights=False)
+        h = h + a; h = h + self.ff(self.rms(h)); return self.head(h)
+m = Block().to('npu'); opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+data = torch.randint(0, 50, (4, 9))
+losses = []
+for step in range(3):
+    t = data.to('npu'); logits = m(t[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, 50), t[:, 1:].reshape(-1))
+    opt.zero_grad(); loss.backward(); nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
+    losses.append(loss.detach())
+state = {k: v.cpu() for k, v in m.state_dict().items()}
+torch.save({'losses': torch.stack(losses).cpu(), 'state': state}, sys.argv[1])
+print(json.dumps(npudist.device.launch.launch_counts()))
+"""
+
+
+def test_training_is_bitwise_equal_in_both_modes(tmp_path):
+    results = {}
+    for blocking in ("0", "1"):
+        out = tmp_path / f"blocking{blocking}.pt"
+        code = f"import sys; sys.argv = ['x', {str(out)!r}]\n" + TRAIN
+        res = run_python(code, env={"ASCEND_LAUNCH_BLOCKING": blocking, "NPUDIST_LAUNCH_BLOCKING": blocking}, timeout=180)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[blocking] = (torch.load(out), json.loads(res.stdout.strip().splitlines()[-1]))
+    (a, counts_async), (b, counts_blocking) = results["0"], results["1"]
+    assert torch.equal(a["losses"], b["losses"])
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        assert torch.equal(a["state"][k], b["state"][k]), k
+    assert counts_blocking["queued"] == 0 and counts_async["queued"] > counts_async["synchronous"]
+
+
+def test_fork_and_exit_with_queued_kernels():
+    # Small tensors: an op over more than ATen's grain size uses OpenMP, and GNU OpenMP used before a fork hangs
+    # the child's next parallel region (with or without npudist; fork after OpenMP is unsupported by libgomp).
+    code = """
+import os, torch, npudist
+a = torch.randn(64, 64, device='npu')
+b = a
+for _ in range(20):
+    b = b @ a / 8
+pid = os.fork()  # drains first: the child sees the finished result
+if pid == 0:
+    os._exit(0 if torch.isfinite(b).all().item() else 3)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+for _ in range(20):
+    b = b @ a / 8
+print('exit with a non-empty queue')
+"""
+    res = run_python(code, env={"ASCEND_LAUNCH_BLOCKING": "0", "NPUDIST_LAUNCH_BLOCKING": "0"}, timeout=120)
+    assert res.returncode == 0 and "exit with" in res.stdout, res.stderr[-3000:]
