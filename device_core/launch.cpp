@@ -40,13 +40,23 @@ void record_error(const std::string& op, const std::string& site, const char* wh
   g_has_error.store(true);
 }
 
+// The launcher's local dispatch keys without the Python ones: a kernel launched under a Python dispatcher or
+// mode (fake tensors, functionalization in torch.compile) carries those keys, but their Python state is
+// thread-local and absent on the worker, where the kernel's CPU ops must not reach Python anyway.
+c10::impl::LocalDispatchKeySet worker_keys() {
+  static const c10::DispatchKeySet python_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                                c10::DispatchKey::PythonDispatcher, c10::DispatchKey::PreDispatch});
+  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  keys.included_ = keys.included_ - python_keys;
+  return keys;
+}
+
 // What a kernel needs from its launching thread. Grad mode and the local dispatch key set decide how the
 // ops inside a CPU kernel dispatch (below autograd, autocast excluded, as on the launcher); intra-op
 // threads come from ATen's setting, initialised once per worker.
 struct Task {
   Task(std::function<void()> k, const char* o)
-      : kernel(std::move(k)), op(o), keys(c10::impl::tls_local_dispatch_key_set()),
-        grad_enabled(c10::GradMode::is_enabled()) {}
+      : kernel(std::move(k)), op(o), keys(worker_keys()), grad_enabled(c10::GradMode::is_enabled()) {}
   ~Task() {
     if (site && g_site.release) g_site.release(site);
   }
@@ -81,7 +91,11 @@ void run_task(void* arg) {
 // Asynchronous launch is opt-in for now: the device, allocator and 1-rank training tests pass with it, but a
 // distributed scenario (tests/hccl scen_extras, 3 ranks) still mismatches (docs/device.md). NPUDIST_LAUNCH_BLOCKING
 // wins over ASCEND_LAUNCH_BLOCKING; "0" selects asynchronous launch, anything else blocking.
-bool blocking() {
+namespace {
+
+thread_local int t_inline = 0;  // set_thread_inline of the C table, per thread
+
+bool env_blocking() {
   static const bool value = [] {
     for (const char* name : {"NPUDIST_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING"}) {
       if (std::getenv(name)) return env_true(name);
@@ -90,6 +104,20 @@ bool blocking() {
   }();
   return value;
 }
+
+int set_thread_inline(int enable) {
+  int previous = t_inline;
+  t_inline = enable;
+  return previous;
+}
+
+const NpudistLaunchApi g_c_api{NPUDIST_LAUNCH_API_VERSION, &set_thread_inline};
+
+}  // namespace
+
+bool blocking() { return t_inline != 0 || env_blocking(); }
+
+const NpudistLaunchApi* c_api() { return &g_c_api; }
 
 void enqueue(int device, const char* op, std::function<void()> kernel) {
   auto task = std::make_unique<Task>(std::move(kernel), op);

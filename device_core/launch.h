@@ -6,11 +6,17 @@
 #include <functional>
 #include <string>
 
+#include "npudist/launch_c_api.h"
+
 namespace npudist::launch {
 
 // True unless ASCEND_LAUNCH_BLOCKING=0 (or NPUDIST_LAUNCH_BLOCKING=0) selected asynchronous launch: every op
-// runs on the calling thread and nothing drains, exactly the host-synchronous behaviour. Read once.
+// runs on the calling thread and nothing drains, exactly the host-synchronous behaviour. The environment is
+// read once; a thread that set itself inline through the C table (launch_c_api.h) is blocking too.
 bool blocking();
+
+// The C table of launch_c_api.h (one static instance).
+const NpudistLaunchApi* c_api();
 
 // Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured is
 // released on the worker after it ran (captured tensors keep their memory alive until then). A kernel that

@@ -17,7 +17,7 @@ ALLOCATOR = sorted(os.path.join("allocator", n) for n in os.listdir(os.path.join
 # Headers that other parts of device_core may include: the C ABI, the glue's helpers, the allocator's
 # torch-facing interface.
 PUBLIC = {C_ABI, "npu_runtime.h", "npu_tensor.h", "allocator/npu_allocator.h", "profiler.h", "graph_capture.h", "launch.h",
-          "include/npudist/profiler_c_api.h"}
+          "include/npudist/profiler_c_api.h", "include/npudist/launch_c_api.h"}
 # Allowed to say HOST-MEMORY (everything else reaches memory through the runtime table).
 HOST_MEMORY_FILES = {"runtime_memory.cpp", "runtime_c_api.cpp", "fallback.cpp"}
 

@@ -10,7 +10,8 @@ What is npu-specific:
 - extern kernels (``mm``, ``addmm``, SDPA...) and eager fallbacks inside a compiled graph are ordinary aten calls
   on npu tensors, so they dispatch through the npu device like eager code;
 - C++ kernel calls are written as for CPU (no stream argument: the npu emulation runs host compute on the
-  calling thread);
+  calling thread); under asynchronous launch a compiled graph runs host-ordered: its device guard drains the
+  current stream and runs the graph's aten calls inline, so compiled graphs do not overlap with queued work;
 - Inductor's CPU-only lowering and scheduling choices extended to npu (:mod:`npudist.compile.cpp_parity`).
 
 Attention under tracing is set up earlier, at device registration (:mod:`npudist.compile.attention`).
@@ -66,6 +67,14 @@ class NpuWrapperCodegen(PythonWrapperCodegen):
         if is_subgraph:
             return SubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
         return NpuWrapperCodegen()
+
+    def generate_after_suffix(self, result):
+        # The C++ kernels read and write npu bytes through raw pointers on the host, so under asynchronous
+        # launch the whole graph runs host-ordered: the module's launcher drains the current stream first and
+        # runs the graph's aten calls inline (npudist.device.launch.host_ordered_call).
+        super().generate_after_suffix(result)
+        name = self.launcher_fn_name
+        result.writeline(f"{name} = torch.npu.launch.host_ordered_call({name})")
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         from torch._inductor.virtualized import V

@@ -8,6 +8,8 @@ would compute while the interpreter shuts down): :func:`register` drains every d
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import sys
 
@@ -27,6 +29,37 @@ def launch_counts() -> dict:
 
 def reset_launch_counts() -> None:
     _C._reset_launch_counts()
+
+
+@contextlib.contextmanager
+def host_ordered(device: int):
+    """Run a block whose host code reads and writes npu bytes directly, in order with queued kernels: the
+    device's current stream is drained on entry, and npu ops inside run inline on this thread (their results
+    are read right after by the same host code). Inductor's generated npu code runs in this scope: its C++
+    kernels take raw pointers on the host (npudist.compile.inductor). A no-op under blocking launch."""
+    if _C._launch_blocking():
+        yield
+        return
+    _C._stream_synchronize(device, _C._current_stream(device))
+    previous = _C._set_thread_inline_launch(True)
+    try:
+        yield
+    finally:
+        _C._set_thread_inline_launch(previous)
+
+
+def host_ordered_call(fn):
+    """``fn(args)`` run under :func:`host_ordered` on the current device: how Inductor's generated npu modules
+    export their ``call`` (``NpuWrapperCodegen.generate_after_suffix``)."""
+
+    @functools.wraps(fn)
+    def call(args):
+        if _C._launch_blocking():
+            return fn(args)
+        with host_ordered(_C._current_device()):
+            return fn(args)
+
+    return call
 
 
 def _drain_all_devices() -> None:

@@ -76,6 +76,9 @@ def _hand_over_runtime() -> None:
     if api is not None:
         _C._set_runtime_api(api())
         _runtime_handed_over = True
+    launch_api = getattr(device_ext, "_launch_api", None)
+    if launch_api is not None:
+        _C._set_launch_api(int(launch_api()))
     profiler_api = getattr(device_ext, "_profiler_api", None)
     if profiler_api is not None:
         _C._set_profiler_api(int(profiler_api()))

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "internal.h"
 #include "npudist/runtime_c_api.h"
 #include "process_group_hccl.h"
 #include "profiling.h"
@@ -113,6 +114,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         set_runtime_api(reinterpret_cast<uintptr_t>(PyCapsule_GetPointer(capsule.ptr(), NPUDIST_RUNTIME_API_CAPSULE)));
       },
       "Install the device runtime's C table (the capsule from npudist._C._runtime_api()).");
+  m.def("_set_launch_api", &set_launch_api,
+        "Install npudist._C's launch table (the address from npudist._C._launch_api()).");
   m.def(
       "_dump_trace_json", [](int global_rank, const std::string& reason) { return dump_all_json(global_rank, reason); },
       py::arg("global_rank"), py::arg("reason") = "on demand");

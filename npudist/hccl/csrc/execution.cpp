@@ -183,6 +183,7 @@ void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
     if (aborted_) {
       throw EngineError(ErrorKind::kAborted, "group was aborted: " + abort_reason_);
     }
+    InlineLaunchScope inline_ops;  // the body's aten ops touch bytes it also reads through data_ptr()
     work->spec_.body(work->seq_);
   } catch (const EngineError& e) {
     err = translate_error(e, *work, true);

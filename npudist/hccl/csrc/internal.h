@@ -2,12 +2,26 @@
 #pragma once
 #include <c10/util/Exception.h>
 
+#include "npudist/launch_c_api.h"
 #include "npudist/runtime_c_api.h"
 
 namespace npudist::hccl {
 
 // The device runtime's C table (null until Python handed it over).
 const NpudistRuntimeApi* runtime_api();
+// npu ops called by the current thread run inline on it while a scope is alive (launch_c_api.h says why);
+// a no-op until Python handed the launch table over (cpu-only use).
+class InlineLaunchScope {
+ public:
+  InlineLaunchScope();
+  ~InlineLaunchScope();
+  InlineLaunchScope(const InlineLaunchScope&) = delete;
+  InlineLaunchScope& operator=(const InlineLaunchScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+void set_launch_api(uintptr_t address);
 // An integer environment variable; a malformed value is a ValueError naming the variable.
 int env_int(const char* name, int fallback);
 

@@ -88,6 +88,25 @@ void set_runtime_api(uintptr_t address) {
 }
 const NpudistRuntimeApi* runtime_api() { return g_api; }
 
+namespace {
+const NpudistLaunchApi* g_launch_api = nullptr;
+}
+
+void set_launch_api(uintptr_t address) {
+  auto* api = reinterpret_cast<const NpudistLaunchApi*>(address);
+  TORCH_CHECK(api && api->version == NPUDIST_LAUNCH_API_VERSION,
+              "hccl: npudist._C and npudist.hccl._C were built from different sources (launch table version "
+              "mismatch); rebuild both extensions");
+  g_launch_api = api;
+}
+
+InlineLaunchScope::InlineLaunchScope() {
+  if (g_launch_api) previous_ = g_launch_api->set_thread_inline(1);
+}
+InlineLaunchScope::~InlineLaunchScope() {
+  if (g_launch_api) g_launch_api->set_thread_inline(previous_);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Construction
 

@@ -1,0 +1,29 @@
+// Plain-C table through which npudist.hccl._C takes part in npudist._C's asynchronous launch
+// (device_core/launch.h, docs/device.md "Asynchronous launch"). Handed over once at import
+// (`npudist._C._launch_api()` -> `npudist.hccl._C._set_launch_api(addr)`), like the profiler table.
+//
+// Why it exists: a collective's body runs on the host (the caller's thread or a hccl lane) after hccl has
+// ordered it behind the npu stream it was issued on. The aten ops the body calls on npu tensors
+// (contiguous(), copy_ into a strided output...) must run right there, on that thread: queued on a
+// stream they would run after the body has already read or written the bytes through data_ptr(), and
+// draining a stream from a lane could wait on a stream that itself waits for this collective.
+// On a real device the collective is a kernel on the comm stream and needs no counterpart.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NPUDIST_LAUNCH_API_VERSION 1
+
+typedef struct NpudistLaunchApi {
+  uint32_t version;  // NPUDIST_LAUNCH_API_VERSION
+  // While nonzero, npu ops called on the calling thread run inline on it without draining any stream (as
+  // with ASCEND_LAUNCH_BLOCKING=1, for this thread only). Returns the previous setting, to restore.
+  int (*set_thread_inline)(int enable);
+} NpudistLaunchApi;
+
+#ifdef __cplusplus
+}
+#endif
