@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training throughput (tokens/s) of the same model on npu+hccl vs cpu+gloo, FSDP x 2 and TP x 2.
+"""Training throughput (tokens/s) of the same model on npu+hccl vs cpu+gloo, FSDP x 2, TP x 2 and PP x 2.
 
     python benchmarks/train_throughput.py                 # spawns 2 ranks itself (torch.distributed.run)
     python benchmarks/train_throughput.py --dim 384 --layers 4 --seq-len 128 --batch 8   # compute-bound shape
@@ -10,7 +10,7 @@ The default shape (wide and short: 27M parameters, 256 tokens per step) makes th
 of the step, which is what the comparison is about; a compute-bound shape shows ~1.0x by construction.
 
 One run, one process group with two backends (``npu:hccl,cpu:gloo``): every rank builds the same model
-four times -- {npu, cpu} x {FSDP over 2 ranks, TP over 2 ranks} -- from the same seed, then runs
+six times -- {npu, cpu} x {FSDP, TP, PP (1F1B, 2 microbatches) over 2 ranks} -- from the same seed, then runs
 ``--rounds`` rounds; in each round every variant trains ``--steps`` optimizer steps (after warm-up), in
 alternating order, so machine noise hits all variants alike. Reported: median tokens/s per variant and the
 npu/cpu ratio per layout (> 1 means hccl on npu is faster). Compute kernels are the same CPU kernels on
@@ -48,6 +48,7 @@ def _args(argv=None):
     ap.add_argument("--batch", type=int, default=4, help="global batch (sequences per step)")
     ap.add_argument("--devices", default="npu:hccl,cpu:gloo",
                     help="the two device:backend pairs to compare (first / second)")
+    ap.add_argument("--layouts", default="fsdp,tp,pp", help="comma-separated subset of fsdp,tp,pp (2 ranks each)")
     ap.add_argument("--compiled", action="store_true", help="also run every variant compiled (graph mode)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
     ap.add_argument("--launch-modes", action="store_true",
@@ -62,6 +63,7 @@ def _plan(args, device: str, backend: str, layout: str, corpus: str, compiled: b
                               ScheduleConfig, TPConfig, TrainingConfig)
     dp = 2 if layout == "fsdp" else 1
     tp = 2 if layout == "tp" else 1
+    pp = 2 if layout == "pp" else 1  # 1F1B over 2 stages, 2 microbatches per step (the plan's defaults)
     return Plan(
         model=ModelConfig(vocab_size=256, dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=4,
                           ffn_hidden_dim=args.dim * 8 // 3 // 64 * 64, max_seq_len=args.seq_len),
@@ -70,7 +72,8 @@ def _plan(args, device: str, backend: str, layout: str, corpus: str, compiled: b
         optimizer=OptimizerConfig(lr=1e-3),
         schedule=ScheduleConfig(warmup_steps=0, decay="constant"),
         training=TrainingConfig(steps=10**6, seed=0, max_grad_norm=1.0, device=device, backend=backend),
-        parallel=ParallelConfig(dp_shard_degree=dp, tp_degree=tp, tp=TPConfig(sequence_parallel=tp > 1)),
+        parallel=ParallelConfig(dp_shard_degree=dp, tp_degree=tp, pp_degree=pp,
+                                tp=TPConfig(sequence_parallel=tp > 1)),
         compile=CompileConfig(enable=compiled),
     )
 
@@ -128,7 +131,8 @@ def worker(args) -> None:
     dist.barrier()
     corpus = default_corpus_path()
     modes = (False, True) if args.compiled else (False,)
-    variants = [_Variant(args, d, b, layout, corpus, c) for layout in ("fsdp", "tp") for c in modes for d, b in devs]
+    variants = [_Variant(args, d, b, layout, corpus, c) for layout in args.layouts.split(",") for c in modes
+                for d, b in devs]
     for v in variants:
         v.run(args.warmup, record=False)
     for r in range(args.rounds):

@@ -88,9 +88,8 @@ void run_task(void* arg) {
 
 }  // namespace
 
-// Asynchronous launch is opt-in for now: the device, allocator and 1-rank training tests pass with it, but a
-// distributed scenario (tests/hccl scen_extras, 3 ranks) still mismatches (docs/device.md). NPUDIST_LAUNCH_BLOCKING
-// wins over ASCEND_LAUNCH_BLOCKING; "0" selects asynchronous launch, anything else blocking.
+// Asynchronous launch is the default, as on CUDA and Ascend. NPUDIST_LAUNCH_BLOCKING wins over
+// ASCEND_LAUNCH_BLOCKING; "0" (or empty) selects asynchronous launch, anything else blocking.
 namespace {
 
 thread_local int t_inline = 0;  // set_thread_inline of the C table, per thread
@@ -100,7 +99,7 @@ bool env_blocking() {
     for (const char* name : {"NPUDIST_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING"}) {
       if (std::getenv(name)) return env_true(name);
     }
-    return true;
+    return false;
   }();
   return value;
 }

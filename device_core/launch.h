@@ -10,7 +10,7 @@
 
 namespace npudist::launch {
 
-// True unless ASCEND_LAUNCH_BLOCKING=0 (or NPUDIST_LAUNCH_BLOCKING=0) selected asynchronous launch: every op
+// True when ASCEND_LAUNCH_BLOCKING=1 (or NPUDIST_LAUNCH_BLOCKING=1) selected blocking launch: every op
 // runs on the calling thread and nothing drains, exactly the host-synchronous behaviour. The environment is
 // read once; a thread that set itself inline through the C table (launch_c_api.h) is blocking too.
 bool blocking();

@@ -15,9 +15,9 @@ from runtime_ext import HostGate
 
 from .conftest import run_python
 
-# In-process tests need asynchronous launch (ASCEND_LAUNCH_BLOCKING=0: the CI's second run); the subprocess tests
-# choose their mode themselves.
-needs_async = pytest.mark.skipif(launch.is_blocking(), reason="asynchronous launch is off (ASCEND_LAUNCH_BLOCKING=0 enables it)")
+# In-process tests need asynchronous launch (the default; the CI's second run sets ASCEND_LAUNCH_BLOCKING=1); the
+# subprocess tests choose their mode themselves.
+needs_async = pytest.mark.skipif(launch.is_blocking(), reason="ASCEND_LAUNCH_BLOCKING=1 selected blocking launch")
 
 
 @needs_async
