@@ -621,6 +621,11 @@ class Fallback {
   // The key of everything a Meta kernel can see: per npu tensor its dtype, geometry, storage size and which
   // earlier argument shares its storage; per CPU tensor its dtype, rank and wrapped-number bit; the values
   // of all other arguments. False (not cacheable) for argument kinds it does not encode.
+  bool float_values_shape_outputs() const {
+    const std::string& name = op_.schema().name();
+    return name == "aten::arange" || name == "aten::range";
+  }
+
   bool signature(size_t begin, std::string& key, std::vector<at::Tensor>& npu_args) const {
     auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
     auto put_i = [&put](int64_t v) { put(&v, sizeof v); };
@@ -668,9 +673,14 @@ class Fallback {
         put_i(v.isInt() ? -4 : -5);
         put_i(v.isInt() ? v.toInt() : v.toBool());
       } else if (v.isDouble()) {
+        // A float's value decides no output geometry except arange/range's length: elsewhere it stays out of
+        // the key, so a scalar that changes every step (Adam's step size in addcdiv_) reuses one signature
+        // instead of running synchronously (draining the stream) each step as a new one.
         put_i(-6);
-        double d = v.toDouble();
-        put(&d, sizeof d);
+        if (float_values_shape_outputs()) {
+          double d = v.toDouble();
+          put(&d, sizeof d);
+        }
       } else if (v.isIntList()) {
         put_i(-7);
         put_i(static_cast<int64_t>(v.toIntList().size()));

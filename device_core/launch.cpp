@@ -8,6 +8,10 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+#include <unordered_map>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -24,6 +28,7 @@ bool env_true(const char* name) {
 }
 
 SiteHooks g_site;  // set once at module import, before any op
+constexpr int kDefaultQueueDepth = 32;
 std::atomic<uint64_t> g_queued{0}, g_sync{0}, g_meta{0};
 
 // The first kernel failure since the last report (CUDA reports the first asynchronous error too).
@@ -51,6 +56,56 @@ c10::impl::LocalDispatchKeySet worker_keys() {
   return keys;
 }
 
+// The launch window of one stream: kernels queued and not yet run (with their captured tensors released).
+// A launch that finds the window full waits until half of it ran. Why bound it at all: an unbounded queue
+// lets the host allocate every output far ahead of the kernel that writes it, while a queued kernel's
+// arguments and temporaries return to the caching allocator only after it ran. Blocks are then reused
+// long after they were last touched: a 256 KiB elementwise op measured 3x slower on the worker than run
+// blocking (BENCHMARKS.md), its output cold in cache. A short window keeps the host a few kernels ahead,
+// which is all the overlap there is to gain, and reuse close to the kernel that freed the block.
+struct Window {
+  std::atomic<int> inflight{0};
+  std::atomic<int> waiters{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+Window* window_for(int device, int64_t stream) {
+  thread_local int last_device = -1;
+  thread_local int64_t last_stream = -1;
+  thread_local Window* last = nullptr;
+  if (device == last_device && stream == last_stream) return last;
+  static std::mutex mu;
+  static auto* windows = new std::unordered_map<int64_t, Window*>();  // never freed: workers may outlive statics
+  Window* w;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    Window*& slot = (*windows)[(static_cast<int64_t>(device) << 32) ^ stream];
+    if (!slot) slot = new Window();
+    w = slot;
+  }
+  last_device = device;
+  last_stream = stream;
+  last = w;
+  return w;
+}
+
+// Wait (Python GIL released) until at most `low` kernels of the window are queued.
+void wait_below(Window* w, int low) {
+  for (int i = 0; i < 64; ++i) {
+    if (w->inflight.load(std::memory_order_acquire) <= low) return;
+    std::this_thread::yield();
+  }
+  void* token = g_site.block_begin ? g_site.block_begin() : nullptr;
+  w->waiters.fetch_add(1);
+  {
+    std::unique_lock<std::mutex> lk(w->mu);
+    while (w->inflight.load(std::memory_order_acquire) > low) w->cv.wait_for(lk, std::chrono::milliseconds(1));
+  }
+  w->waiters.fetch_sub(1);
+  if (g_site.block_end) g_site.block_end(token);
+}
+
 // What a kernel needs from its launching thread. Grad mode and the local dispatch key set decide how the
 // ops inside a CPU kernel dispatch (below autograd, autocast excluded, as on the launcher); intra-op
 // threads come from ATen's setting, initialised once per worker.
@@ -63,6 +118,7 @@ struct Task {
   std::function<void()> kernel;
   const char* op;
   void* site = nullptr;  // launch-site token (SiteHooks)
+  Window* window = nullptr;
   c10::impl::LocalDispatchKeySet keys;
   bool grad_enabled;
 };
@@ -84,6 +140,13 @@ void run_task(void* arg) {
     record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), "unknown exception");
   }
   t->kernel = nullptr;  // release the captured tensors here, on the worker, after the kernel ran
+  Window* w = t->window;
+  t.reset();
+  const int left = w->inflight.fetch_sub(1, std::memory_order_acq_rel) - 1;
+  if (w->waiters.load(std::memory_order_acquire) > 0 && left <= queue_depth() / 2) {
+    std::lock_guard<std::mutex> lk(w->mu);
+    w->cv.notify_all();
+  }
 }
 
 }  // namespace
@@ -118,11 +181,31 @@ bool blocking() { return t_inline != 0 || env_blocking(); }
 
 const NpudistLaunchApi* c_api() { return &g_c_api; }
 
+int queue_depth() {
+  static const int value = [] {
+    const char* v = std::getenv("NPUDIST_LAUNCH_QUEUE_DEPTH");
+    if (!v || !*v) return kDefaultQueueDepth;
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    TORCH_CHECK_VALUE(end && *end == '\0' && n >= 0 && n <= (1 << 20), "NPUDIST_LAUNCH_QUEUE_DEPTH='", v,
+                      "' is not a queue depth; use a number of kernels >= 0 (0: unbounded)");
+    return static_cast<int>(n);
+  }();
+  return value;
+}
+
 void enqueue(int device, const char* op, std::function<void()> kernel) {
   auto task = std::make_unique<Task>(std::move(kernel), op);
   if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
-  rt::check(rt::api().launch_host_func(device, stream, &run_task, task.get()));
+  Window* w = window_for(device, stream);
+  const int depth = queue_depth();
+  if (depth > 0 && w->inflight.load(std::memory_order_acquire) >= depth) wait_below(w, depth / 2);
+  task->window = w;
+  w->inflight.fetch_add(1, std::memory_order_acq_rel);
+  const npudist_status st = rt::api().launch_host_func(device, stream, &run_task, task.get());
+  if (st != NPUDIST_SUCCESS) w->inflight.fetch_sub(1, std::memory_order_acq_rel);
+  rt::check(st);
   task.release();
   g_queued.fetch_add(1, std::memory_order_relaxed);
 }

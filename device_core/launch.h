@@ -38,7 +38,14 @@ struct SiteHooks {
   void* (*capture)() = nullptr;
   std::string (*describe)(void* token) = nullptr;
   void (*release)(void* token) = nullptr;
+  // Around a launch that waits for its stream's queue to shorten: release and retake the Python GIL if held.
+  void* (*block_begin)() = nullptr;
+  void (*block_end)(void* token) = nullptr;
 };
+
+// How many kernels a stream may hold queued before a launch waits for it to run half of them
+// (NPUDIST_LAUNCH_QUEUE_DEPTH; 0 = unbounded). Read once.
+int queue_depth();
 void set_site_hooks(SiteHooks hooks);
 
 // How many ops took each path since the last reset (measures how much of a program runs asynchronously).

@@ -94,7 +94,8 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   size_t redirected = register_cpu_kernel_redirects();
   rt::api().set_blocking_hooks(&release_gil_if_held, &restore_gil);
-  launch::set_site_hooks(launch::SiteHooks{&capture_site, &describe_site, &release_site});
+  launch::set_site_hooks(
+      launch::SiteHooks{&capture_site, &describe_site, &release_site, &release_gil_if_held, &restore_gil});
   memory::init_bindings(m);
   profiler::init_bindings(m);
   graph::init_bindings(m);
@@ -103,7 +104,10 @@ PYBIND11_MODULE(_C, m) {
   auto nogil = py::call_guard<py::gil_scoped_release>();
   // Called by npudist.device at import so a malformed NPUDIST_* / ASCEND_RT_VISIBLE_DEVICES is a ValueError
   // (an exception thrown during module init would surface as an ImportError).
-  m.def("_validate_config", [] { rt::check(rt::api().validate_config()); });
+  m.def("_validate_config", [] {
+    rt::check(rt::api().validate_config());
+    launch::queue_depth();  // NPUDIST_LAUNCH_QUEUE_DEPTH
+  });
   m.def("_device_count", [] { return rt::device_count(); });
   m.def("_current_device", [] { return rt::current_device(); });
   m.def("_set_device", [](int d) { check_index(d); rt::set_device(d); });

@@ -212,3 +212,55 @@ print('exit with a non-empty queue')
 """
     res = run_python(code, env={"ASCEND_LAUNCH_BLOCKING": "0", "NPUDIST_LAUNCH_BLOCKING": "0"}, timeout=120)
     assert res.returncode == 0 and "exit with" in res.stdout, res.stderr[-3000:]
+
+
+def test_launch_waits_when_the_stream_queue_is_full():
+    """NPUDIST_LAUNCH_QUEUE_DEPTH bounds how far the host runs ahead: with the stream held and a depth of 4, a
+    launching thread queues 4 kernels and then waits until the stream ran half of them; a malformed depth is a
+    ValueError naming the variable."""
+    code = """
+import threading, time, torch, npudist
+from npudist.device import launch
+from runtime_ext import HostGate
+x = torch.ones(8, device='npu')
+(x + 1) * 2  # first run of each signature: synchronous
+torch.npu.synchronize()
+outs = []
+def launch_ten():
+    for _ in range(10):
+        outs.append(x + 1)
+with HostGate(0, 0) as gate:
+    launch.reset_launch_counts()
+    t = threading.Thread(target=launch_ten)
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive() and len(outs) == 4 and launch.launch_counts()['queued'] == 4, (len(outs), launch.launch_counts())
+    gate.open()
+    t.join(30)
+    assert not t.is_alive() and len(outs) == 10
+assert all(torch.equal(o.cpu(), torch.full((8,), 2.0)) for o in outs)
+print('ok')
+"""
+    res = run_python(code, env={"NPUDIST_LAUNCH_QUEUE_DEPTH": "4", "ASCEND_LAUNCH_BLOCKING": "0", "NPUDIST_LAUNCH_BLOCKING": "0",
+                                "PYTHONPATH": "tests"}, timeout=120)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+    res = run_python("import torch, npudist\ntorch.ones(1, device='npu')", env={"NPUDIST_LAUNCH_QUEUE_DEPTH": "many"})
+    assert res.returncode != 0 and "NPUDIST_LAUNCH_QUEUE_DEPTH='many' is not a queue depth" in res.stderr, res.stderr[-3000:]
+
+
+@needs_async
+def test_a_float_argument_that_changes_every_call_stays_queued():
+    # Adam's addcdiv_ takes a new step size each step: after the first call of the signature, later calls with
+    # other values queue (no drain) and compute with their own value.
+    p, a, b = (torch.rand(16) + 0.5 for _ in range(3))
+    pn = p.to("npu")
+    an, bn = a.to("npu"), b.to("npu")
+    pn.addcdiv_(an, bn, value=0.1)
+    p.addcdiv_(a, b, value=0.1)
+    torch.npu.synchronize()
+    launch.reset_launch_counts()
+    for step in range(1, 6):
+        pn.addcdiv_(an, bn, value=-0.01 * step)
+        p.addcdiv_(a, b, value=-0.01 * step)
+    assert launch.launch_counts()["synchronous"] == 0 and launch.launch_counts()["queued"] == 5
+    assert torch.equal(pn.cpu(), p)
