@@ -209,12 +209,6 @@ int stream_priority(int64_t stream) { return stream > kPoolSize ? -1 : 0; }
 // ---------------------------------------------------------------------------------------------------
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 template <class Pred>
 void wait_until(Pred done, std::mutex& mu, std::condition_variable& cv, std::atomic<int>& sleepers) {
   for (int i = 0; i < 2000; ++i) {
@@ -223,14 +217,8 @@ void wait_until(Pred done, std::mutex& mu, std::condition_variable& cv, std::ato
     __builtin_ia32_pause();
 #endif
   }
-  static const int64_t yield_ns = [] {
-    const char* v = std::getenv("NPUDIST_SPIN_US");
-    return v ? std::atoll(v) * 1000 : 50000;
-  }();
-  const int64_t until = now_ns() + yield_ns;
-  for (int i = 0;; ++i) {
+  for (int i = 0; i < 50; ++i) {
     if (done()) return;
-    if ((i & 15) == 15 && now_ns() > until) break;
     sched_yield();
   }
   sleepers.fetch_add(1);
@@ -241,6 +229,11 @@ void wait_until(Pred done, std::mutex& mu, std::condition_variable& cv, std::ato
   sleepers.fetch_sub(1);
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
