@@ -139,9 +139,8 @@ void run_task(void* arg) {
   } catch (...) {
     record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), "unknown exception");
   }
-  t->kernel = nullptr;  // release the captured tensors here, on the worker, after the kernel ran
   Window* w = t->window;
-  t.reset();
+  t.reset();  // release the captured tensors here, on the worker, after the kernel ran (and before the window moves)
   const int left = w->inflight.fetch_sub(1, std::memory_order_acq_rel) - 1;
   if (w->waiters.load(std::memory_order_acquire) > 0 && left <= queue_depth() / 2) {
     std::lock_guard<std::mutex> lk(w->mu);

@@ -10,8 +10,8 @@ What is npu-specific:
 - extern kernels (``mm``, ``addmm``, SDPA...) and eager fallbacks inside a compiled graph are ordinary aten calls
   on npu tensors, so they dispatch through the npu device like eager code;
 - C++ kernel calls are written as for CPU (no stream argument: the npu emulation runs host compute on the
-  calling thread); under asynchronous launch a compiled graph runs host-ordered: its device guard drains the
-  current stream and runs the graph's aten calls inline, so compiled graphs do not overlap with queued work;
+  calling thread); under asynchronous launch a compiled graph runs host-ordered: the module's ``call`` drains
+  the current stream and runs the graph's aten calls inline, so compiled graphs do not overlap with queued work;
 - Inductor's CPU-only lowering and scheduling choices extended to npu (:mod:`npudist.compile.cpp_parity`).
 
 Attention under tracing is set up earlier, at device registration (:mod:`npudist.compile.attention`).

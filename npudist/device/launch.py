@@ -54,8 +54,6 @@ def host_ordered_call(fn):
 
     @functools.wraps(fn)
     def call(args):
-        if _C._launch_blocking():
-            return fn(args)
         with host_ordered(_C._current_device()):
             return fn(args)
 
