@@ -11,6 +11,7 @@ Environment:
   NPUDIST_BUILD_ONLY=device|hccl   build one extension only (developer iteration).
   NPUDIST_SKIP_EXT=1               install the Python package without building extensions
                                    (``scripts/setup.sh`` then builds them incrementally in place).
+  NPUDIST_DEBUG_INFO=1             keep debug info (-g) in the extensions (off by default: halves build time).
   MAX_JOBS                         parallel compile jobs (ninja); defaults to the core count.
 """
 import glob
@@ -19,7 +20,11 @@ import os
 from setuptools import setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+# -g0 overrides the -g that Python's own CFLAGS put first on the command line: debug info for torch's
+# headers doubled the compile time of every torch-including file and made its object file ~30x larger
+# (BENCHMARKS.md, "Build"). Build with NPUDIST_DEBUG_INFO=1 to keep it (gdb on the extensions).
+CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"] + (
+    [] if os.environ.get("NPUDIST_DEBUG_INFO") == "1" else ["-g0"])
 
 
 def _sources(*patterns):

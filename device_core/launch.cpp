@@ -36,13 +36,17 @@ std::atomic<bool> g_has_error{false};
 std::mutex g_error_mu;
 std::string g_error;
 
-void record_error(const std::string& op, const std::string& site, const char* what) {
+void record_message(std::string message) {
   std::lock_guard<std::mutex> lk(g_error_mu);
   if (g_has_error.load()) return;
-  g_error = "npu kernel " + op + " (launched at " + (site.empty() ? std::string("<unknown>") : site) +
-            ") failed asynchronously: " + what +
-            "\n(npu kernels run asynchronously; set ASCEND_LAUNCH_BLOCKING=1 to raise at the call)";
+  g_error = std::move(message);
   g_has_error.store(true);
+}
+
+void record_error(const std::string& op, const std::string& site, const char* what) {
+  record_message("npu kernel " + op + " (launched at " + (site.empty() ? std::string("<unknown>") : site) +
+                 ") failed asynchronously: " + what +
+                 "\n(npu kernels run asynchronously; set ASCEND_LAUNCH_BLOCKING=1 to raise at the call)");
 }
 
 // The launcher's local dispatch keys without the Python ones: a kernel launched under a Python dispatcher or
@@ -172,7 +176,12 @@ int set_thread_inline(int enable) {
   return previous;
 }
 
-const NpudistLaunchApi g_c_api{NPUDIST_LAUNCH_API_VERSION, &set_thread_inline};
+int launches_async() { return blocking() ? 0 : 1; }
+
+void record_async_error(const char* message) { record_message(message ? message : "unknown asynchronous error"); }
+
+const NpudistLaunchApi g_c_api{NPUDIST_LAUNCH_API_VERSION, &set_thread_inline, &launches_async,
+                               &record_async_error};
 
 }  // namespace
 

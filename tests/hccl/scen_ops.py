@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from common import ALL_DTYPES, RANK, WS, R, close, init, make, ops_for, reference, scenario
+from common import ALL_DTYPES, RANK, WS, R, close, expect_error, init, make, ops_for, reference, scenario
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,6 +249,53 @@ def p2p_and_misc():
 
 
 @scenario
+def npu_wait_on_stream():
+    """NCCL's Work.wait() on npu tensors: under asynchronous launch it orders the current stream after the op
+    and returns at once; work queued after it sees the result, and a failure reaches the next synchronization
+    point. Blocking launch (or TORCH_HCCL_BLOCKING_WAIT=1) waits on the host."""
+    import npudist
+
+    init(timeout=5)
+    on_stream = not npudist._C._launch_blocking() and os.environ.get("TORCH_HCCL_BLOCKING_WAIT", "0") == "0"
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.ones(1000, device="npu")
+    # The first call of an op with new shapes runs synchronously (docs/device.md): make `t * 3` a known one.
+    (t * 3).cpu()
+    if RANK == 0:
+        w = dist.all_reduce(t, async_op=True)
+        if not on_stream:
+            store.set("wait_go", "1")
+        w.wait()
+        assert w.is_completed() != on_stream, f"is_completed()={w.is_completed()} after wait(), on_stream={on_stream}"
+        u = t * 3  # queued behind the collective on the current stream
+        store.set("wait_go", "1")
+        close(u, torch.full((1000,), 3.0 * WS), "work queued after wait()")
+        assert w.is_completed()
+    else:
+        if RANK == 1:
+            store.wait(["wait_go"])
+        dist.all_reduce(t)
+    close(t, torch.full((1000,), float(WS)), "all_reduce")
+    # The same wait through a different stream: the waiting stream, not the issuing one, is ordered.
+    side = torch.npu.Stream()
+    x = torch.full((64,), float(RANK), device="npu")
+    w = dist.all_reduce(x, async_op=True)
+    with torch.npu.stream(side):
+        w.wait()
+        y = x + 1
+    torch.npu.current_stream().wait_stream(side)
+    close(y, torch.full((64,), float(sum(range(WS)) + 1)), "wait() on a side stream")
+    if on_stream:
+        # A failed collective: wait() returns, the next synchronization point raises, naming the op.
+        bad = (dist.all_reduce(torch.ones(8, device="npu"), async_op=True) if RANK == 0
+               else dist.all_gather_into_tensor(torch.empty(8 * WS, device="npu"), torch.ones(8, device="npu"),
+                                                async_op=True))
+        bad.wait()
+        expect_error(torch.npu.synchronize, RuntimeError, "mismatched", "TORCH_HCCL_BLOCKING_WAIT")
+    dist.destroy_process_group()
+
+
+@scenario
 def async_wait_out_of_order():
     """Waiting on the last of several queued async collectives first runs them all, in issue order."""
     device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
@@ -257,6 +304,9 @@ def async_wait_out_of_order():
         ts = [torch.full((1 << 12,), float(RANK + k), device=device) for k in range(4)]
         works = [dist.all_reduce(t, async_op=True) for t in ts]
         works[-1].wait()
+        if device == "npu":
+            # On npu tensors wait() may only order the current stream after the op (npu_wait_on_stream).
+            torch.npu.current_stream().synchronize()
         assert all(w.is_completed() for w in works), "earlier queued ops did not complete with the last one"
         for k, (w, t) in enumerate(zip(works, ts)):
             w.wait()

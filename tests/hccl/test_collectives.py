@@ -25,6 +25,13 @@ def test_async_wait_out_of_order(device):
     run_ranks("async_wait_out_of_order", 2, args=(device,), timeout=90)
 
 
+@pytest.mark.parametrize("blocking_wait", ["0", "1"])
+def test_npu_wait_orders_the_current_stream(blocking_wait):
+    # The failed-collective case must reach Python, not the watchdog's teardown.
+    run_ranks("npu_wait_on_stream", 2, timeout=90,
+              env={"TORCH_HCCL_BLOCKING_WAIT": blocking_wait, "TORCH_HCCL_ASYNC_ERROR_HANDLING": "0"})
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_gloo_extras_cpu_npu(world_size):
     # all_gather_coalesced, recv from any source, sparse all_reduce, monitored barrier (scen_extras.py)

@@ -8,6 +8,10 @@
 // stream they would run after the body has already read or written the bytes through data_ptr(), and
 // draining a stream from a lane could wait on a stream that itself waits for this collective.
 // On a real device the collective is a kernel on the comm stream and needs no counterpart.
+//
+// Version 2 lets hccl's Work.wait() order the caller's stream after a collective without blocking the host
+// (as NCCL does): it asks whether launches are asynchronous at all, and a host function it queued on the
+// stream reports a failed collective to the next synchronization point, like a failed kernel.
 #pragma once
 #include <stdint.h>
 
@@ -15,13 +19,19 @@
 extern "C" {
 #endif
 
-#define NPUDIST_LAUNCH_API_VERSION 1
+#define NPUDIST_LAUNCH_API_VERSION 2
 
 typedef struct NpudistLaunchApi {
   uint32_t version;  // NPUDIST_LAUNCH_API_VERSION
   // While nonzero, npu ops called on the calling thread run inline on it without draining any stream (as
   // with ASCEND_LAUNCH_BLOCKING=1, for this thread only). Returns the previous setting, to restore.
   int (*set_thread_inline)(int enable);
+  // --- Version 2 ---
+  // 1 when npu ops called on the calling thread are queued on streams (asynchronous launch), else 0.
+  int (*launches_async)(void);
+  // Record `message` as an asynchronous error: the next synchronization point (torch.npu.synchronize(),
+  // .item(), .cpu() ...) raises it as a RuntimeError. Only the first error since the last report is kept.
+  void (*record_async_error)(const char* message);
 } NpudistLaunchApi;
 
 #ifdef __cplusplus

@@ -101,6 +101,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   te.root = spec.root;
   const uint64_t trace_id = recorder_->record(std::move(te));
   auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id);
+  work->device_ = device;
   const auto& s = work->spec_;
 
   int64_t cur_stream = 0;
@@ -258,8 +259,57 @@ std::exception_ptr WorkHCCL::exception() const {
   return exception_;
 }
 
+namespace {
+
+// Queued on the waiting thread's current npu stream by a non-blocking wait(): holds the stream until the op
+// completed, and hands a failure to the launch table, which raises it at the next synchronization point.
+struct StreamWait {
+  c10::intrusive_ptr<WorkHCCL> work;
+  static void run_fn(void* arg) {
+    std::unique_ptr<StreamWait> w(static_cast<StreamWait*>(arg));
+    w->work->block_until_done();
+    if (auto err = w->work->exception()) {
+      std::string msg;
+      try {
+        std::rethrow_exception(err);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+      launch_api()->record_async_error(
+          c10::str(msg, "\n(Work.wait() on npu tensors orders the current npu stream after the collective and "
+                        "returns; set TORCH_HCCL_BLOCKING_WAIT=1 to raise in wait())")
+              .c_str());
+    }
+  }
+};
+
+}  // namespace
+
+// As NCCL's Work.wait(): for an asynchronous op on npu tensors under asynchronous launch, work queued on the
+// caller's current stream after wait() runs after the op, and the host goes on. A synchronous op
+// (async_op=False), TORCH_HCCL_BLOCKING_WAIT=1, a wait with its own timeout, blocking launch, cpu tensors and
+// a receive from any source keep the blocking wait; so does an op that already completed, which raises its
+// error right here.
+bool WorkHCCL::wait_on_stream() {
+  const NpudistLaunchApi* launch = launch_api();
+  const NpudistRuntimeApi* api = runtime_api();
+  if (device_ < 0 || !spec_.async || pg_->blocking_wait_ || !launch || !api || !launch->launches_async()) {
+    return false;
+  }
+  // A receive from any source: dist.recv() asks for the sender's rank right after wait(), on the host.
+  if (spec_.source || isCompleted()) return false;
+  const int64_t stream = api->get_stream(device_);
+  auto* arg = new StreamWait{c10::intrusive_ptr<WorkHCCL>::reclaim_copy(this)};
+  if (api->launch_host_func(device_, stream, &StreamWait::run_fn, arg) != NPUDIST_SUCCESS) {
+    delete arg;
+    return false;  // the stream refused the task (e.g. it is being captured): wait on the host instead
+  }
+  return true;
+}
+
 bool WorkHCCL::wait(std::chrono::milliseconds timeout) {
   observed_ = true;
+  if (timeout == kNoTimeout && wait_on_stream()) return true;
   // Not started yet: run it (and anything queued before it) here instead of waking the lane thread.
   if (lane_ && !isCompleted()) lane_->run_here(ticket_);
   std::unique_lock<std::mutex> lk(mutex_);

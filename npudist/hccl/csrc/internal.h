@@ -22,6 +22,8 @@ class InlineLaunchScope {
   int previous_ = 0;
 };
 void set_launch_api(uintptr_t address);
+// npudist._C's launch table (null until Python handed it over).
+const NpudistLaunchApi* launch_api();
 // An integer environment variable; a malformed value is a ValueError naming the variable.
 int env_int(const char* name, int fallback);
 

@@ -99,6 +99,7 @@ void set_launch_api(uintptr_t address) {
               "mismatch); rebuild both extensions");
   g_launch_api = api;
 }
+const NpudistLaunchApi* launch_api() { return g_launch_api; }
 
 InlineLaunchScope::InlineLaunchScope() {
   if (g_launch_api) previous_ = g_launch_api->set_thread_inline(1);

@@ -257,6 +257,11 @@ class WorkHCCL : public c10d::Work {
   ProcessGroupHCCL* pg_;  // valid while the work is outstanding (the group drains before dying)
   Lane* lane_ = nullptr;  // the collective lane it was queued on (wait() may run it there and then)
   uint64_t ticket_ = 0;
+  int device_ = -1;  // the npu device of its tensors, -1 for cpu tensors
+
+ private:
+  // wait() without blocking the host: order the caller's current npu stream after this op.
+  bool wait_on_stream();
 };
 
 // Mapping helpers shared by the translation units.
