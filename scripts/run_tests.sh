@@ -14,8 +14,17 @@ BLOCKING_SUBSET=(
   tests/device/test_npu_training.py
   tests/device/test_runtime_c_api.py
   tests/allocator
-  tests/hccl/test_collectives.py
-  tests/training/test_parity.py
+  # hccl on npu tensors (the cpu-tensor scenarios do not depend on the launch mode)
+  tests/hccl/test_collectives.py::test_async_wait_out_of_order
+  tests/hccl/test_collectives.py::test_npu_wait_orders_the_current_stream
+  tests/hccl/test_collectives.py::test_gloo_extras_cpu_npu
+  tests/hccl/test_npu_ddp.py::test_zero_copy_collectives_npu
+  tests/hccl/test_npu_ddp.py::test_p2p_coalesced_objects_functional_async_npu
+  # training parity: one run per kind of parallelism (every layout runs in the asynchronous pass above)
+  "tests/training/test_parity.py::test_parity[fsdp2]"
+  "tests/training/test_parity.py::test_parity[tp2]"
+  "tests/training/test_parity.py::test_parity[pp2_1f1b]"
+  "tests/training/test_parity.py::test_parity[fsdp2_tp2]"
   tests/graphs
   tests/sanitizer/test_sanitizer.py
 )

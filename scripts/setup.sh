@@ -38,8 +38,8 @@ fi
 start=$(date +%s)
 log="$PWD/build_ext.log"
 jobs=${MAX_JOBS:-$(nproc)}
-say "building the C++ extensions (ninja, $jobs jobs; a first build takes 2-5 min on 2 cores: files that" \
-    "include torch headers take ~50 s each). Full log: $log"
+say "building the C++ extensions (ninja, $jobs jobs; a first build takes 3-5 min on 2 cores: files that" \
+    "include torch headers take ~20 s each). Full log: $log"
 # ninja prints "[n/N] c++ ... -c <source> ..." as each file finishes; show "[n/N] <source>" only, and a
 # heartbeat every 30 s without one (a file with torch headers compiles for a minute or more, longer under load).
 shown=0
