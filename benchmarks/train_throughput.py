@@ -5,6 +5,7 @@
     python benchmarks/train_throughput.py --dim 384 --layers 4 --seq-len 128 --batch 8   # compute-bound shape
     python benchmarks/train_throughput.py --compiled      # + graph mode (plan compile section) on both devices
     python benchmarks/train_throughput.py --launch-modes  # 1 rank on npu: asynchronous vs blocking launch
+    python benchmarks/train_throughput.py --comm-share    # + the share of a cpu+gloo step spent in Gloo
 
 The default shape (wide and short: 27M parameters, 256 tokens per step) makes the collectives a visible part
 of the step, which is what the comparison is about; a compute-bound shape shows ~1.0x by construction.
@@ -49,6 +50,9 @@ def _args(argv=None):
     ap.add_argument("--devices", default="npu:hccl,cpu:gloo",
                     help="the two device:backend pairs to compare (first / second)")
     ap.add_argument("--layouts", default="fsdp,tp,pp", help="comma-separated subset of fsdp,tp,pp (2 ranks each)")
+    ap.add_argument("--comm-share", action="store_true",
+                    help="also profile one step of each cpu+gloo variant and report the share of it spent in Gloo "
+                         "collectives, and the npu/cpu ratio that share allows at most")
     ap.add_argument("--compiled", action="store_true", help="also run every variant compiled (graph mode)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
     ap.add_argument("--launch-modes", action="store_true",
@@ -141,8 +145,30 @@ def worker(args) -> None:
             v.run(args.steps, record=True)
     if rank == 0:
         _report(args, variants)
+    shares = {v.layout: _comm_share(v) for v in variants if v.device == "cpu"} if args.comm_share else {}
+    if rank == 0:
+        for layout, (comm_s, step_s) in shares.items():
+            share = comm_s / step_s
+            print(f"{layout}: cpu+gloo step {step_s * 1e3:.0f} ms, {comm_s * 1e3:.0f} ms of it in Gloo collectives "
+                  f"({share:.0%}): npu+hccl / cpu+gloo <= {1 / max(1e-9, 1 - share):.2f}x with free collectives")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _comm_share(v) -> tuple[float, float]:
+    """(seconds in Gloo collectives, seconds of the step) for one profiled step of a cpu+gloo variant.
+
+    Why: the compute kernels are the same CPU kernels on both devices, so the collectives are all npu+hccl can
+    save; this bounds the ratio the comparison can show for the shape. torch.profiler's ``gloo:*`` events span
+    a collective from issue to completion (the step's own barrier before timing is excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        v.run(1, record=True)
+    step_s = v.tokens_per_step / v.rates.pop()
+    v.losses.pop()
+    comm_us = sum(e.cpu_time_total for e in prof.key_averages()
+                  if e.key.startswith("gloo:") and "barrier" not in e.key)
+    return comm_us / 1e6, step_s
 
 
 def launch_worker(args) -> None:
