@@ -4,11 +4,17 @@ time until its results are ready (torch.npu.synchronize), with launch on (defaul
 ASCEND_LAUNCH_BLOCKING=1.
 
     python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024]
+    python benchmarks/async_launch.py --per-op [--rounds 7] [--ops 3000]
 
 Each mode runs in its own process (the variable is read once per process); both processes are driven in
 alternating rounds, so machine noise hits both alike. Reported per mode: median loop time, median time to
 synchronize, and their ratio. Target: async ratio < 0.30 (the loop returns long before the work is done);
 blocking ratio ~1.0.
+
+--per-op measures instead what one small op costs end to end (a loop of 3000 ops on 64x64 fp32, then a
+synchronize; per op): elementwise add and matmul, on npu in each launch mode and on cpu in the same worker
+(the baseline). A queued launch pays for the launch path on the host and the task on the stream's worker;
+the two overlap, so the per-op time is the slower of them.
 """
 from __future__ import annotations
 
@@ -27,14 +33,46 @@ def _args(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--chain", type=int, default=30)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--per-op", action="store_true", help="cost per small op (add, mm) instead of the matmul chain")
+    ap.add_argument("--ops", type=int, default=3000, help="ops per timed loop (--per-op)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+PER_OP = {"add": lambda a, b: a + b, "mm": lambda a, b: a @ b}
+
+
+def per_op_worker(args) -> None:
+    """--per-op: per round, microseconds per op for each op on npu (this process's launch mode) and on cpu."""
+    import torch
+    import npudist  # noqa: F401
+    torch.set_num_threads(1)
+    operands = {dev: (torch.randn(64, 64, device=dev), torch.randn(64, 64, device=dev)) for dev in ("npu", "cpu")}
+
+    def time_loop(dev, fn):
+        a, b = operands[dev]
+        t0 = time.perf_counter()
+        for _ in range(args.ops):
+            fn(a, b)
+        if dev == "npu":
+            torch.npu.synchronize()
+        return (time.perf_counter() - t0) / args.ops * 1e6
+
+    for dev in operands:  # warm-up: first runs of each signature, allocator, BLAS
+        for fn in PER_OP.values():
+            time_loop(dev, fn)
+    for _ in sys.stdin:
+        out = {f"{dev}_{name}": time_loop(dev, fn) for name, fn in PER_OP.items() for dev in operands}
+        print(json.dumps(out), flush=True)
 
 
 def worker(args) -> None:
     """Reads one line per round from stdin, answers with the round's timings as JSON."""
     import torch
     import npudist  # noqa: F401
+    if args.per_op:
+        per_op_worker(args)
+        return
     a = torch.randn(args.size, args.size, device="npu") / args.size ** 0.5
     b = a @ a  # warm-up (BLAS init, allocator)
     torch.npu.synchronize()
@@ -54,11 +92,15 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size),
+           "--ops", str(args.ops)] + (["--per-op"] if args.per_op else [])
     sys.path.insert(0, HERE)
     from _alternate import alternate
     times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking))
                        for mode, blocking in (("async", "0"), ("blocking", "1"))}, args.rounds)
+    if args.per_op:
+        report_per_op(args, times)
+        return 0
     print(f"{args.chain} chained {args.size}x{args.size} matmuls on npu, {args.rounds} alternating rounds (medians); "
           f"load average {os.getloadavg()[0]:.2f}")
     ratios = {}
@@ -72,6 +114,17 @@ def main(argv=None) -> int:
     print(f"async loop/ready {ratios['async']:.3f} (target < 0.30), blocking {ratios['blocking']:.3f} (~1.0): "
           f"{'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
+
+
+def report_per_op(args, times) -> None:
+    print(f"microseconds per op, 64x64 fp32, loops of {args.ops} ops then synchronize; {args.rounds} alternating "
+          f"rounds (medians); load average {os.getloadavg()[0]:.2f}")
+    print(f"  {'op':<5} {'npu async':>10} {'npu blocking':>13} {'cpu':>7}   async/cpu  blocking/cpu  async/blocking")
+    for name in PER_OP:
+        med = {mode: statistics.median(t[f"npu_{name}"] for t in ts) for mode, ts in times.items()}
+        cpu = statistics.median(t[f"cpu_{name}"] for ts in times.values() for t in ts)
+        print(f"  {name:<5} {med['async']:10.2f} {med['blocking']:13.2f} {cpu:7.2f}   {med['async'] / cpu:9.2f}x "
+              f"{med['blocking'] / cpu:12.2f}x {med['async'] / med['blocking']:14.2f}x")
 
 
 if __name__ == "__main__":

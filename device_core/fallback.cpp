@@ -399,7 +399,9 @@ class Fallback {
     // Output geometry depends only on the arguments' metadata: look it up by that, and run the Meta kernel
     // (Python for many ops) only for a new signature.
     std::string key;
+    key.reserve(256);  // most keys fit: one allocation instead of a growth per argument
     std::vector<at::Tensor> npu_args;  // in the order to_meta visits them
+    npu_args.reserve(4);
     const bool cacheable = signature(begin, key, npu_args);
     std::shared_ptr<const Inferred> inf = cacheable ? inferred_cache().find(key) : nullptr;
     if (!inf) {
@@ -428,7 +430,9 @@ class Fallback {
     std::optional<c10::OperatorHandle> out_op;
     if (inf->all_fresh) out_op = find_out_overload(op_);
 
-    // Commit: allocate outputs, build the CPU call, hand the arguments to the queued kernel.
+    // Commit: allocate outputs, build the CPU call, hand the arguments to the queued kernel. Kernels that ran
+    // give their arguments' memory back first, so the outputs can reuse it.
+    launch::release_finished();
     std::vector<at::Tensor> outs;  // CPU aliases of the fresh outputs
     int64_t max_numel = max_numel_;
     {
@@ -460,8 +464,13 @@ class Fallback {
     torch::jit::Stack call(std::make_move_iterator(stack_->begin() + static_cast<std::ptrdiff_t>(begin)),
                            std::make_move_iterator(stack_->end()));
     stack_->resize(begin);
-    launch::enqueue(device_, op_name(), [op = op_, out_op, call = std::move(call), outs = std::move(outs),
-                                         fresh]() mutable {
+    // Memory is freed on the thread that allocated it (see launch.cpp, "Kernels that ran"): `keep` holds the
+    // arguments the boxed call consumes on the worker, so they die with the closure on the host; the
+    // worker's own allocations (functional results) die on the worker (run_queued clears `call`).
+    std::vector<c10::IValue> keep(call.begin(), call.end());
+    if (out_op) call.reserve(call.size() + outs.size());  // the worker appends the outputs without reallocating
+    launch::enqueue(device_, op_name(), [op = op_, out_op, call = std::move(call), keep = std::move(keep),
+                                         outs = std::move(outs), fresh = std::move(fresh)]() mutable {
       run_queued(op, out_op, call, outs, fresh);
     });
     // Push the returns in schema order (lists rebuilt from the flattened results).
@@ -503,6 +512,7 @@ class Fallback {
                     dst[i].scalar_type());
         dst[i].copy_(outs[i]);
       }
+      call.clear();
       return;
     }
     op.redispatchBoxed(cpu, &call);
@@ -519,6 +529,7 @@ class Fallback {
       if (v.isTensor()) take(v.toTensor());
       else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) take(t);
     }
+    call.clear();  // the results were allocated here: free them here
   }
 
   // Runs the Meta kernel on meta stand-ins of the arguments and describes the outputs (not ok: the op

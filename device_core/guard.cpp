@@ -112,7 +112,7 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     if (graph::any_capture_active()) graph::check_not_capturing("Event.synchronize()");
     if (event) rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(event)));
-    launch::raise_pending_error();
+    launch::after_sync();
   }
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     (void)rt::api().event_destroy(static_cast<NpudistEvent>(event));
@@ -134,12 +134,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeStream(const c10::Stream& s) const override {
     if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     check_value(rt::api().stream_synchronize(checked_index(s.device()), s.id()));
-    launch::raise_pending_error();
+    launch::after_sync();
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
     rt::check(rt::api().device_synchronize(checked_index(c10::Device(kNpu, device_index))));
-    launch::raise_pending_error();
+    launch::after_sync();
   }
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
     memory::record_stream(data_ptr, stream);

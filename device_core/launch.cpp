@@ -16,6 +16,9 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
+
+#include <pthread.h>
 
 #include "npu_runtime.h"
 
@@ -127,6 +130,36 @@ struct Task {
   bool grad_enabled;
 };
 
+// Kernels that ran, waiting for a launching thread to destroy them (release_finished). Why not destroy them
+// on the worker: nearly everything a task holds (the task, its closure, the CPU aliases of the arguments,
+// their storages) was allocated by the launching thread, and glibc returns a block freed by another thread
+// to the allocating thread's arena under that arena's lock. The worker freeing while the host allocated
+// made both wait on that lock on every op; freed where they were allocated, the blocks go back through the
+// thread's own cache (BENCHMARKS.md, per-op launch cost). Heap-allocated and replaced after fork: a worker
+// of the parent may have held the mutex.
+struct Retired {
+  std::mutex mu;
+  std::vector<Task*> tasks;
+};
+std::atomic<Retired*> g_retired{new Retired()};
+std::atomic<bool> g_has_retired{false};
+
+void forget_retired_after_fork() {
+  g_retired.store(new Retired());  // the parent's tasks are leaked: their memory belongs to the parent's state
+  g_has_retired.store(false);
+}
+
+struct RetiredForkHandler {
+  RetiredForkHandler() { pthread_atfork(nullptr, nullptr, &forget_retired_after_fork); }
+} g_retired_fork_handler;
+
+void retire(Task* t) {
+  Retired* r = g_retired.load(std::memory_order_acquire);
+  std::lock_guard<std::mutex> lk(r->mu);
+  r->tasks.push_back(t);
+  g_has_retired.store(true, std::memory_order_release);
+}
+
 void run_task(void* arg) {
   std::unique_ptr<Task> t(static_cast<Task*>(arg));
   static thread_local bool threads_initialised = false;
@@ -144,7 +177,7 @@ void run_task(void* arg) {
     record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), "unknown exception");
   }
   Window* w = t->window;
-  t.reset();  // release the captured tensors here, on the worker, after the kernel ran (and before the window moves)
+  retire(t.release());  // its captured tensors are released by the next launch or synchronization on the host
   const int left = w->inflight.fetch_sub(1, std::memory_order_acq_rel) - 1;
   if (w->waiters.load(std::memory_order_acquire) > 0 && left <= queue_depth() / 2) {
     std::lock_guard<std::mutex> lk(w->mu);
@@ -202,7 +235,23 @@ int queue_depth() {
   return value;
 }
 
+bool release_finished() {
+  if (!g_has_retired.load(std::memory_order_acquire)) return false;
+  thread_local std::vector<Task*> done;  // keeps its capacity: swapped with the shared list each time
+  {
+    Retired* r = g_retired.load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> lk(r->mu);
+    done.swap(r->tasks);
+    g_has_retired.store(false, std::memory_order_release);
+  }
+  const bool any = !done.empty();
+  for (Task* t : done) delete t;
+  done.clear();
+  return any;
+}
+
 void enqueue(int device, const char* op, std::function<void()> kernel) {
+  release_finished();
   auto task = std::make_unique<Task>(std::move(kernel), op);
   if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
@@ -222,6 +271,11 @@ void drain(int device) {
   if (blocking()) return;
   int64_t stream = rt::api().get_stream(device);
   if (rt::api().stream_query(device, stream) == 0) rt::check(rt::api().stream_synchronize(device, stream));
+  after_sync();
+}
+
+void after_sync() {
+  release_finished();
   raise_pending_error();
 }
 

@@ -18,8 +18,9 @@ bool blocking();
 // The C table of launch_c_api.h (one static instance).
 const NpudistLaunchApi* c_api();
 
-// Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured is
-// released on the worker after it ran (captured tensors keep their memory alive until then). A kernel that
+// Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured stays
+// alive until the kernel ran and a launching thread called release_finished() (captured tensors keep their
+// memory alive until then). A kernel that
 // throws records an error naming `op` and the Python line that launched it; the next synchronization
 // point raises it.
 void enqueue(int device, const char* op, std::function<void()> kernel);
@@ -30,6 +31,15 @@ void drain(int device);
 
 // Raise (and clear) the first recorded kernel error as a RuntimeError, if there is one.
 void raise_pending_error();
+
+// Destroy the kernels that ran since the last call, releasing what their closures captured (the arguments'
+// memory returns to the caching allocator here). Every launch and synchronization point calls it, so memory
+// is back by the time the host next allocates or observes it. True if it released anything.
+bool release_finished();
+
+// What a synchronization point does once the stream or device is idle: release_finished(), then
+// raise_pending_error().
+void after_sync();
 
 // Where the calling thread launches from, set by the Python module (module.cpp). `capture` runs at every
 // launch and must be cheap: it returns an opaque token (the Python code object and instruction offset);

@@ -118,7 +118,7 @@ PYBIND11_MODULE(_C, m) {
     check_index(d);
     if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
     rt::check(rt::api().device_synchronize(d));
-    launch::raise_pending_error();
+    launch::after_sync();
   }, nogil);
   m.def("_launch_blocking", [] { return launch::blocking(); },
         "True when ASCEND_LAUNCH_BLOCKING/NPUDIST_LAUNCH_BLOCKING made every npu op synchronous.");
@@ -147,7 +147,7 @@ PYBIND11_MODULE(_C, m) {
     check_index(d);
     if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     rt::check(rt::api().stream_synchronize(d, s));
-    launch::raise_pending_error();
+    launch::after_sync();
   }, nogil);
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
   m.def("_default_generator", [](int d) {

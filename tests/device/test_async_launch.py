@@ -264,3 +264,42 @@ def test_a_float_argument_that_changes_every_call_stays_queued():
         p.addcdiv_(a, b, value=-0.01 * step)
     assert launch.launch_counts()["synchronous"] == 0 and launch.launch_counts()["queued"] == 5
     assert torch.equal(pn.cpu(), p)
+
+
+def test_synchronize_releases_what_finished_kernels_held():
+    """A task that ran is destroyed by the host (launch.h, release_finished), not by the worker: a
+    synchronization point releases it, so an argument freed by the caller is back in the allocator by then."""
+    a = torch.randn(256, 256, device="npu")
+    a * 2  # first run of the signature: synchronous
+    torch.npu.synchronize()
+    base = torch.npu.memory_allocated()
+    x = torch.randn(256, 256, device="npu")
+    y = x * 2
+    del x  # the queued kernel still holds x's block
+    torch.npu.synchronize()
+    assert torch.npu.memory_allocated() == base + y.untyped_storage().nbytes()
+
+
+def test_an_allocation_that_would_run_out_releases_finished_kernels_and_retries():
+    """A finished kernel holds its arguments until the host next launches or synchronizes; an allocation that
+    would fail before then releases them and retries instead of raising OutOfMemoryError."""
+    code = """
+import time, torch, npudist
+n = 6 * 2**20  # 24 MiB of float32; the device has 64 MiB
+w = torch.ones(n, device='npu'); v = w + 1; del w, v  # first run of each signature: synchronous
+torch.npu.synchronize()
+x = torch.ones(n, device='npu')
+y = x + 1
+del x  # the queued kernel holds x's block
+s = torch.npu.current_stream()
+while not s.query():  # the kernel ran; query() releases nothing
+    time.sleep(0.001)
+assert torch.npu.memory_allocated() == 2 * n * 4, torch.npu.memory_allocated()  # x: still held by the finished task
+z = torch.empty(n, device='npu')  # x + y + z would not fit: x's task is released and the allocation retried
+assert torch.npu.memory_allocated() == 2 * n * 4, torch.npu.memory_allocated()
+assert torch.equal(y.cpu(), torch.full((n,), 2.0))
+print('ok')
+"""
+    res = run_python(code, env={"NPUDIST_DEVICE_MEMORY": "64MiB", "ASCEND_LAUNCH_BLOCKING": "0",
+                                "NPUDIST_LAUNCH_BLOCKING": "0"}, timeout=120)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
