@@ -238,6 +238,9 @@ int queue_depth() {
 bool release_finished() {
   if (!g_has_retired.load(std::memory_order_acquire)) return false;
   thread_local std::vector<Task*> done;  // keeps its capacity: swapped with the shared list each time
+  thread_local bool releasing = false;   // a destructor below that reached a launch must not swap `done` again
+  if (releasing) return false;
+  releasing = true;
   {
     Retired* r = g_retired.load(std::memory_order_acquire);
     std::lock_guard<std::mutex> lk(r->mu);
@@ -247,6 +250,7 @@ bool release_finished() {
   const bool any = !done.empty();
   for (Task* t : done) delete t;
   done.clear();
+  releasing = false;
   return any;
 }
 
