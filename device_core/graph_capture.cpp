@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "npu_tensor.h"
+#include "profiler.h"
 
 namespace npudist::graph {
 
@@ -61,7 +62,12 @@ std::string describe_value(const c10::IValue& v) {
 // ------------------------------------------------------------------------------------------------
 struct Task {
   virtual ~Task() = default;
-  virtual void run() = 0;
+  // Runs the recorded kernel. `forked`: the random stream reserve_random() set aside for it at launch, or null
+  // to take it from the npu generator now.
+  virtual void run(const at::Generator* forked) = 0;
+  // A random op reserves its random stream (and advances the npu generator) when the replay is launched, so
+  // random ops take their numbers in launch order, as eager asynchronous ops do; others return nothing.
+  virtual std::optional<at::Generator> reserve_random() { return std::nullopt; }
   virtual std::string describe() const = 0;
 };
 
@@ -83,10 +89,11 @@ struct OpTask final : Task {
 
   explicit OpTask(const c10::OperatorHandle& h) : op(h) {}
 
-  void run() override {
+  void run(const at::Generator* forked) override {
     torch::jit::Stack stack(args.begin(), args.end());
     std::unique_lock<std::mutex> gen_lock;
-    c10::GeneratorImpl* gen = generator_slot >= 0 ? generator.unsafeGetGeneratorImpl() : nullptr;
+    c10::GeneratorImpl* gen = generator_slot >= 0 && !forked ? generator.unsafeGetGeneratorImpl() : nullptr;
+    if (forked) stack[generator_slot] = c10::IValue(*forked);
     if (gen) {
       gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
       stack[generator_slot] = c10::IValue(begin_random_op(gen));
@@ -101,6 +108,15 @@ struct OpTask final : Task {
                   " returned shape ", fresh.sizes(), " but ", o.alias.sizes(), " was captured");
       o.alias.copy_(fresh);
     }
+  }
+
+  std::optional<at::Generator> reserve_random() override {
+    if (generator_slot < 0) return std::nullopt;
+    c10::GeneratorImpl* gen = generator.unsafeGetGeneratorImpl();
+    std::lock_guard<std::mutex> lk(npu_generator_mutex(gen));
+    at::Generator fork = fork_random_op(gen);
+    end_random_op(gen, random_numel);
+    return fork;
   }
 
   std::string describe() const override {
@@ -126,7 +142,7 @@ struct CopyTask final : Task {
   at::Tensor src, dst;  // CPU aliases
   bool non_blocking;
   CopyTask(at::Tensor s, at::Tensor d, bool nb) : src(std::move(s)), dst(std::move(d)), non_blocking(nb) {}
-  void run() override { dst.copy_(src, non_blocking); }
+  void run(const at::Generator*) override { dst.copy_(src, non_blocking); }
   std::string describe() const override {
     return "copy " + describe_tensor(src) + " -> " + describe_tensor(dst);
   }
@@ -146,6 +162,8 @@ class Graph {
   void capture_begin(uint64_t pool, const std::string& mode);
   void capture_end();
   void replay();
+  static void run_tasks(const std::vector<std::shared_ptr<Task>>& tasks,
+                        const std::vector<std::optional<at::Generator>>& forks);
   void reset();
   uint64_t pool() const {
     TORCH_CHECK(pool_ != 0, "NPUGraph.pool(): the graph has not been captured (call capture_begin first)");
@@ -174,7 +192,7 @@ class Graph {
   int64_t stream_ = 0;
   uint64_t pool_ = 0;
   std::string invalid_;
-  std::vector<std::unique_ptr<Task>> tasks_;
+  std::vector<std::shared_ptr<Task>> tasks_;  // shared with queued replays (a reset may come before they ran)
   // The graph's private pool: every storage a task touches, kept alive, with its address at capture.
   std::unordered_map<c10::StorageImpl*, std::pair<c10::intrusive_ptr<c10::StorageImpl>, const void*>> storages_;
 };
@@ -316,19 +334,35 @@ void Graph::replay() {
                                           : "has not been captured (or was reset)");
   check_storages_unchanged();
   DeviceScope ds(device_);
-  // Replay runs on the calling thread: work queued before it on the current stream (filling static inputs)
-  // must have run first. Later work is queued after replay returns, so it is ordered too.
-  launch::drain(device_);
+  if (launch::blocking() || profiler::active() || any_capture_active()) {
+    // On the calling thread, after the work queued before it on the current stream (filling static inputs);
+    // work launched later is ordered after replay returns. (Eager ops run synchronously in these modes too.)
+    launch::drain(device_);
+    run_tasks(tasks_, {});
+    return;
+  }
+  // Asynchronous launch: the replay is one queued task on the current stream, like a device graph launch:
+  // ordered after the work queued before it and before the work queued after it, and the caller does not
+  // wait for either (draining here cost a wake-up round trip with the stream's worker on every replay, more
+  // than the ops of a small graph). A failing task is reported at the next synchronization point.
+  std::vector<std::optional<at::Generator>> forks;
+  forks.reserve(tasks_.size());
+  for (const auto& t : tasks_) forks.push_back(t->reserve_random());
+  launch::enqueue(device_, "NPUGraph.replay", [tasks = tasks_, forks = std::move(forks)]() { run_tasks(tasks, forks); });
+}
+
+void Graph::run_tasks(const std::vector<std::shared_ptr<Task>>& tasks,
+                      const std::vector<std::optional<at::Generator>>& forks) {
   // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard), and a
   // replay is not Python's to see: the kernels' inner aten calls skip Python dispatch modes (as a device
   // graph replay would never reach them).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_python(kPythonKeys);
-  for (size_t i = 0; i < tasks_.size(); ++i) {
+  for (size_t i = 0; i < tasks.size(); ++i) {
     try {
-      tasks_[i]->run();
+      tasks[i]->run(i < forks.size() && forks[i] ? &*forks[i] : nullptr);
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "NPUGraph replay: task ", i, " (", tasks_[i]->describe(), ") failed: ",
+      TORCH_CHECK(false, "NPUGraph replay: task ", i, " (", tasks[i]->describe(), ") failed: ",
                   e.what_without_backtrace());
     }
   }
@@ -336,6 +370,14 @@ void Graph::replay() {
 
 void Graph::reset() {
   unregister(this);
+  // Queued replays hold the graph's tasks and buffers: wait for them and release them, so the graph's memory
+  // is back in the allocator when reset returns (as before replays were queued).
+  // No error is raised here (reset also runs from the destructor): a failed replay is still reported at the
+  // next synchronization point.
+  if (!launch::blocking() && device_ >= 0 && device_ < rt::device_count() && state_ == State::kCaptured) {
+    (void)rt::api().device_synchronize(device_);
+    launch::release_finished();
+  }
   std::lock_guard<std::mutex> g(mu_);
   tasks_.clear();
   storages_.clear();

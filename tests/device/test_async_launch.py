@@ -356,3 +356,28 @@ def test_random_programs_on_threads_and_streams_match_cpu_and_give_memory_back()
             live += n.untyped_storage().nbytes()
     torch.npu.synchronize()
     assert torch.npu.memory_allocated() == base + live
+
+
+@needs_async
+def test_npugraph_replay_is_queued_and_random_ops_keep_launch_order():
+    """A replay is one queued task (a graph launch): it returns while the stream is held, runs in stream order,
+    and its random ops take their numbers when the replay is launched: a replay followed by an eager random op
+    gives the same numbers whether the stream runs them at once or only after being held."""
+    static = torch.ones(256, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        out = torch.nn.functional.dropout(static * 2, 0.5)
+    torch.npu.synchronize()
+    stream = torch.npu.current_stream()
+    torch.npu.manual_seed(7)
+    g.replay()
+    after = torch.rand(256, device="npu")
+    expected = (out.cpu().clone(), after.cpu())
+    torch.npu.manual_seed(7)
+    with HostGate(0, stream.stream_id):
+        static.fill_(1.0)
+        g.replay()  # queued behind the gate
+        after = torch.rand(256, device="npu")
+        assert not stream.query()
+    torch.npu.synchronize()
+    assert torch.equal(out.cpu(), expected[0]) and torch.equal(after.cpu(), expected[1])
