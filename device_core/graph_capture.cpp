@@ -370,15 +370,14 @@ void Graph::run_tasks(const std::vector<std::shared_ptr<Task>>& tasks,
 
 void Graph::reset() {
   unregister(this);
+  std::lock_guard<std::mutex> g(mu_);
   // Queued replays hold the graph's tasks and buffers: wait for them and release them, so the graph's memory
-  // is back in the allocator when reset returns (as before replays were queued).
-  // No error is raised here (reset also runs from the destructor): a failed replay is still reported at the
-  // next synchronization point.
-  if (!launch::blocking() && device_ >= 0 && device_ < rt::device_count() && state_ == State::kCaptured) {
+  // is back in the allocator when reset returns. No error is raised here: a failed replay is reported at the
+  // next synchronization point. (Queued replays do not take mu_.)
+  if (state_ == State::kCaptured && !launch::blocking()) {
     (void)rt::api().device_synchronize(device_);
     launch::release_finished();
   }
-  std::lock_guard<std::mutex> g(mu_);
   tasks_.clear();
   storages_.clear();
   state_ = State::kEmpty;

@@ -159,22 +159,23 @@ void* raw_alloc(size_t n, int dev, int64_t stream) {
   }
   alloc::Context ctx = gather_context(1);  // before the allocator lock: may take the GIL
   if (!g_used.load(std::memory_order_relaxed)) g_used.store(true, std::memory_order_relaxed);
-  try {
-    return core()->malloc(dev, n, stream, ctx);
-  } catch (const alloc::OutOfMemoryError& e) {
-    // Kernels that ran may still hold their arguments until the host releases them (launch.h): retry once
-    // after releasing them.
-    if (!launch::release_finished()) rethrow_oom(e);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
+  for (bool retried = false;; retried = true) {
+    try {
+      return core()->malloc(dev, n, stream, ctx);
+    } catch (const alloc::OutOfMemoryError& e) {
+      // Kernels that ran may still hold their arguments until the host releases them (launch.h): retry once
+      // after releasing them.
+      if (retried || !launch::release_finished()) rethrow_oom(e);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
   }
-  try {
-    return core()->malloc(dev, n, stream, ctx);
-  } catch (const alloc::OutOfMemoryError& e) {
-    rethrow_oom(e);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
+}
+
+// Finished kernels first (launch.h): what they still hold can then be returned too.
+void empty_cache() {
+  launch::release_finished();
+  core()->empty_cache();
 }
 
 void check_native(const char* what) {
@@ -232,10 +233,7 @@ class NpuAllocator final : public c10::DeviceAllocator {
     std::memcpy(dest, src, count);
   }
   bool initialized() override { return g_core.load() != nullptr; }
-  void emptyCache(c10::MempoolId_t) override {
-    launch::release_finished();
-    core()->empty_cache();
-  }
+  void emptyCache(c10::MempoolId_t) override { empty_cache(); }
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override { record_stream(ptr, stream); }
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
     check_native("memory statistics");
@@ -496,10 +494,7 @@ void init_bindings(pybind11::module_& m) {
   m.def("_npu_memoryStats", &memory_stats, py::arg("device"));
   m.def("_npu_resetAccumulatedMemoryStats", [](int d) { g_allocator.resetAccumulatedStats(d); });
   m.def("_npu_resetPeakMemoryStats", [](int d) { g_allocator.resetPeakStats(d); });
-  m.def("_npu_emptyCache", [] {
-    launch::release_finished();
-    core()->empty_cache();
-  }, nogil);
+  m.def("_npu_emptyCache", &empty_cache, nogil);
   m.def("_npu_memGetInfo", [](int d) { return g_allocator.getMemoryInfo(d); });
   m.def("_npu_setMemoryFraction", [](double f, int d) {
     check_device(d);
