@@ -4,6 +4,7 @@ wait; ASCEND_LAUNCH_BLOCKING=1 restores synchronous ops; results are bitwise equ
 Asynchrony is shown without timing: a host "gate" (tests/runtime_ext) holds a stream closed, so whatever
 was queued behind it provably has not run until the test opens it. An op signature runs synchronously the
 first time (its Meta inference is verified against the CPU kernel), so each test runs its ops once first."""
+import gc
 import json
 import threading
 
@@ -318,6 +319,7 @@ def test_random_programs_on_threads_and_streams_match_cpu_and_give_memory_back()
         lambda x, y: (x.sum(0, keepdim=True) + y) / 8, lambda x, y: torch.cat([x, y])[: x.shape[0]],
         lambda x, y: x.t().contiguous() - y, lambda x, y: torch.where(x > y, x, y),
     ]
+    gc.collect()  # garbage of earlier tests, freed by a collection during this one, would skew the baseline
     torch.npu.synchronize()
     base = torch.npu.memory_allocated()
     results, errors = {}, []
