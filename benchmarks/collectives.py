@@ -220,7 +220,7 @@ def print_row(row: dict, memcpy: float) -> None:
 
 
 def check_targets(rows: list[dict], memcpy: float) -> list[str]:
-    """The issue's targets, evaluated on this run (informational: printed, not asserted)."""
+    """The benchmark's targets, evaluated on this run (informational: printed, not asserted)."""
     out = []
 
     def find(op, n, size):
@@ -277,7 +277,7 @@ def write_markdown(path: str, rows: list[dict], memcpy_runs: list[float], target
                          f"{d['hccl_algbw']:.3f} | {d['hccl_busbw']:.3f} | {d['gloo_busbw']:.3f} | "
                          f"{d['ratio']:.1f}x | {100 * d['hccl_busbw'] / memcpy:.0f}% |")
         lines.append("")
-    lines += ["Targets (issue 4), evaluated on this run:", ""] + [f"- {t}" for t in targets]
+    lines += ["Targets, evaluated on this run:", ""] + [f"- {t}" for t in targets]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 

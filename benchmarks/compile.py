@@ -2,7 +2,7 @@
 
 Four variants are measured side by side, interleaved in rounds (medians reported), so machine noise hits all
 alike: cpu eager, cpu compiled, npu eager, npu compiled. Printed ratios:
-  - speedup = eager / compiled step time, per device; targets (issue 14): npu speedup >= 0.9x cpu speedup,
+  - speedup = eager / compiled step time, per device; targets: npu speedup >= 0.9x cpu speedup,
   - compiled npu speed vs compiled cpu speed (cpu_compiled_time / npu_compiled_time) >= 0.9x;
 each ratio is the median of the per-round ratios.
 With --cache it also times the first compiled step of a fresh process twice over one FX-graph cache directory

@@ -3,7 +3,7 @@
 Large ops (2048x2048 matmul, 4M-element elementwise), the 3x3 convolution of a ResNet basic block
 (64 channels, 56x56, batch 8; forward, and forward + backward) and tiny ops (100 elements), measured side
 by side: the two sides are interleaved in rounds and medians reported, so machine noise hits both alike.
-Targets: large ops within 1.05x of cpu (issue 2), ResNet-block conv2d within 1.10x (issue 12);
+Targets: large ops within 1.05x of cpu, ResNet-block conv2d within 1.10x;
 tiny-op added overhead under 5 us.
 
     .venv/bin/python benchmarks/device_overhead.py [--rounds 7]

@@ -1,4 +1,4 @@
-"""NPUGraph replay vs eager launch for a small-op model (issue 17: replay >= 2x eager).
+"""NPUGraph replay vs eager launch for a small-op model (target: replay >= 2x eager).
 
 A tiny transformer-style block (d=32, 8 tokens: layer norm, attention-free MLP, residuals, softmax; dozens of
 small aten ops) and its forward + backward, run eagerly on npu (Python dispatch + the fallback per op) and
