@@ -73,26 +73,38 @@ npudist_status c_malloc(int device, uint64_t bytes, void** ptr) {
     check_device(device);
     *ptr = map_fixed_segment(bytes);
     if (!*ptr) throw std::bad_alloc();
+    usage_segment_allocated(device, *ptr, bytes);
   });
 }
 npudist_status c_free(void* ptr, uint64_t bytes) {
-  if (ptr) unmap_fixed_segment(ptr, bytes);
+  if (ptr) {
+    usage_segment_freed(ptr);
+    unmap_fixed_segment(ptr, bytes);
+  }
   return NPUDIST_SUCCESS;
 }
 npudist_status c_reserve_address(uint64_t bytes, void** base) {
   if (!base) return fail(NPUDIST_ERROR_INVALID_VALUE, "reserve_address: base is null");
   *base = reserve_address(bytes);
-  return *base ? NPUDIST_SUCCESS : fail(NPUDIST_ERROR_OUT_OF_MEMORY, "cannot reserve address space");
+  if (!*base) return fail(NPUDIST_ERROR_OUT_OF_MEMORY, "cannot reserve address space");
+  usage_reserved(*base, bytes);
+  return NPUDIST_SUCCESS;
 }
 npudist_status c_release_address(void* base, uint64_t bytes) {
-  if (base) release_address(base, bytes);
+  if (base) {
+    usage_released(base);
+    release_address(base, bytes);
+  }
   return NPUDIST_SUCCESS;
 }
 npudist_status c_map_memory(void* ptr, uint64_t bytes) {
-  return commit_pages(ptr, bytes) ? NPUDIST_SUCCESS : fail(NPUDIST_ERROR_OUT_OF_MEMORY, "cannot map device pages");
+  if (!commit_pages(ptr, bytes)) return fail(NPUDIST_ERROR_OUT_OF_MEMORY, "cannot map device pages");
+  usage_pages(ptr, bytes, true);
+  return NPUDIST_SUCCESS;
 }
 npudist_status c_unmap_memory(void* ptr, uint64_t bytes) {
   decommit_pages(ptr, bytes);
+  usage_pages(ptr, bytes, false);
   return NPUDIST_SUCCESS;
 }
 npudist_status c_memcpy(void* dst, const void* src, uint64_t bytes, NpudistMemcpyKind kind) {
@@ -233,4 +245,6 @@ const NpudistRuntimeApi g_api = {
 }  // namespace
 }  // namespace npudist::runtime
 
-extern "C" const NpudistRuntimeApi* npudist_runtime_api(void) { return &npudist::runtime::g_api; }
+// Exported (the extension is built -fvisibility=hidden) so that the emulated libascendcl.so, a plain C++
+// library loaded by other extensions, finds the same table inside the loaded npudist._C (npudist/cann).
+extern "C" __attribute__((visibility("default"))) const NpudistRuntimeApi* npudist_runtime_api(void) { return &npudist::runtime::g_api; }

@@ -80,4 +80,11 @@ void release_address(void* base, size_t size);
 bool commit_pages(void* ptr, size_t size);
 void decommit_pages(void* ptr, size_t size);
 
+// ---- Usage record for npu-smi (runtime_usage.cpp): device memory held per device, by segment events ----
+void usage_segment_allocated(int device, void* ptr, size_t bytes);
+void usage_segment_freed(void* ptr);
+void usage_reserved(void* base, size_t bytes);
+void usage_released(void* base);
+void usage_pages(void* ptr, size_t bytes, bool mapped);
+
 }  // namespace npudist::runtime
