@@ -16,7 +16,13 @@ autoload off); otherwise it does no work, so the torch-free layers (``npudist.pl
 """
 import sys
 
+from npudist.cann import environment as _cann_environment
+
 __version__ = "0.1.0"
+
+# CANN's set_env.sh equivalent: ASCEND_HOME_PATH & co. name npudist's emulated toolkit home unless a real
+# one is configured (docs/cann.md). Environment variables only; cheap.
+_cann_environment.configure()
 
 
 def register() -> None:
@@ -28,6 +34,7 @@ def register() -> None:
     from npudist.compile import attention
 
     attention.register()   # npu attention under torch.compile (see there); needs no Dynamo/Inductor import
+    _cann_environment.load_libraries()  # libtorch_npu.so + libascendcl.so, as torch_npu's import loads them
 
 
 def _autoload() -> None:

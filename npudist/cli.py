@@ -1,6 +1,7 @@
 """The ``npudist`` command (also ``python -m npudist``).
 
     npudist plan check PLAN.yaml [--world-size N] [--json] [--section.key VALUE ...]
+    npudist env        # the CANN environment (export lines), as `source set_env.sh`: eval "$(npudist env)"
 """
 from __future__ import annotations
 
@@ -28,7 +29,28 @@ def _parser() -> argparse.ArgumentParser:
                        help="number of ranks (default: the product of the plan's degrees; required when "
                             "parallel.dp_shard_degree is -1)")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    sub.add_parser("env", help="print the CANN environment (export lines) of npudist's emulated toolkit home",
+                   description="Print shell export lines that select npudist's emulated CANN home, the equivalent "
+                               "of `source set_env.sh`: eval \"$(npudist env)\". With a real CANN configured "
+                               "(ASCEND_HOME_PATH elsewhere) prints nothing and says so on stderr.")
     return parser
+
+
+def _env() -> int:
+    import shlex
+
+    from npudist.cann import environment
+
+    if not environment.is_emulated_home():
+        print(f"# ASCEND_HOME_PATH={os.environ.get('ASCEND_HOME_PATH')} selects a CANN toolkit: npudist's emulated "
+              "home is not used, nothing to export", file=sys.stderr)
+        return 0
+    for name, value in environment.emulated_environment().items():
+        print(f"export {name}={shlex.quote(value)}")
+    lib = os.path.join(environment.LIB64, "libascendcl.so")
+    if not os.path.exists(lib):
+        print(f"# {lib} is not built yet: scripts/setup.sh (or python -m npudist.cann.build)", file=sys.stderr)
+    return 0
 
 
 def _plan_check(args, extra: list[str]) -> int:
@@ -64,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "plan" and args.plan_command == "check":
         return _plan_check(args, extra)
+    if args.command == "env":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _env()
     parser.error(f"unknown command {args.command}")
     return EXIT_INVALID
 
