@@ -14,6 +14,9 @@ import npudist  # noqa: F401,E402  (registers the npu device and the hccl backen
 RANK = int(os.environ["RANK"])
 WS = int(os.environ["WORLD_SIZE"])
 SCENARIOS = {}
+# The world's nodes (lists of ranks, ascending) when init() built a hierarchical hccl group: fp16/bf16
+# reductions over the whole world are then rounded once per node and once more between nodes.
+NODES: list[list[int]] | None = None
 
 
 def scenario(fn):
@@ -32,6 +35,11 @@ def init(backend="hccl", timeout=60.0, **kw):
     if expect_comm and backend == "hccl":
         be = dist.group.WORLD._get_backend(torch.device("cpu"))
         assert be.communicator == expect_comm, (be.communicator, expect_comm)
+    if backend == "hccl" and dist.group.WORLD._get_backend(torch.device("cpu")).communicator == "hierarchical":
+        global NODES
+        ids = [None] * WS
+        dist.all_gather_object(ids, os.environ.get("NPUDIST_NODE_ID") or os.uname().nodename)
+        NODES = [[r for r in range(WS) if ids[r] == i] for i in dict.fromkeys(ids)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -57,8 +65,44 @@ def make(rank: int, n: int, dtype: torch.dtype, salt: int = 0, small: bool = Fal
     return torch.randint(lo, hi, (n,), generator=g).to(dtype)
 
 
-def reference(xs: list[torch.Tensor], op) -> torch.Tensor:
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _fold_fp32(xs: list[torch.Tensor], op) -> torch.Tensor:
+    """xs[0] op xs[1] op ... in fp32, left to right: the engine's kernel (reduce_kernels.h) widens every
+    input to fp32 and combines them in rank order, and IEEE fp32 operations in the same order give the
+    same bits here."""
+    acc = xs[0].float()
+    for x in xs[1:]:
+        x = x.float()
+        acc = acc + x if op == R.SUM else acc * x if op == R.PRODUCT else (
+            torch.minimum(acc, x) if op == R.MIN else torch.maximum(acc, x))
+    return acc
+
+
+def low_precision_reference(xs: list[torch.Tensor], op, scale: float = 1.0) -> torch.Tensor:
+    """hccl's fp16/bf16 reduction as docs/hccl_engine.md defines it: accumulate in fp32 across all inputs
+    (rank order), multiply by the scale in fp32 (AVG: 1/size, PREMUL_SUM: the factor), round once. A
+    hierarchical world (NODES) rounds each node's unscaled partial to the dtype, then combines the
+    partials the same way (docs/hccl.md, "Several nodes"). Compared bitwise: an engine accumulating in
+    fp16/bf16 rounds after every step and differs from this in the last bits."""
     dtype = xs[0].dtype
+    if op == R.AVG:
+        op, scale = R.SUM, 1.0 / len(xs)
+    if NODES is not None and len(NODES) > 1 and len(xs) == WS:
+        xs = [_fold_fp32([xs[r] for r in node], op).to(dtype) for node in NODES]
+    acc = _fold_fp32(xs, op)
+    if scale != 1.0:
+        acc = acc * torch.tensor(scale, dtype=torch.float32)
+    return acc.to(dtype)
+
+
+def reference(xs: list[torch.Tensor], op, scale: float = 1.0) -> torch.Tensor:
+    """The reduction of xs (one tensor per rank, in group-rank order) by `op`, then times `scale`
+    (PREMUL_SUM's factor)."""
+    dtype = xs[0].dtype
+    if dtype in LOW_PRECISION:
+        return low_precision_reference(xs, op, scale)
     s = torch.stack(xs)
     if dtype == torch.bool:
         if op in (R.SUM, R.MAX, R.BOR):
@@ -69,7 +113,7 @@ def reference(xs: list[torch.Tensor], op) -> torch.Tensor:
     acc = torch.complex128 if dtype.is_complex else (torch.float64 if dtype.is_floating_point else torch.int64)
     w = s.to(acc)
     if op == R.SUM:
-        r = w.sum(0)
+        r = w.sum(0) * scale if scale != 1.0 else w.sum(0)
     elif op == R.AVG:
         r = w.sum(0) / len(xs) if (dtype.is_floating_point or dtype.is_complex) else torch.div(
             w.sum(0), len(xs), rounding_mode="trunc")
@@ -102,9 +146,16 @@ def ops_for(dtype):
 def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     a, b = a.cpu(), b.cpu()
     assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
-    if a.dtype in (torch.float16, torch.bfloat16):
-        tol = dict(rtol=2e-2, atol=2e-2)
-    elif a.dtype in (torch.float32, torch.complex64):
+    if a.dtype in LOW_PRECISION:
+        # Bitwise: the reference rounds exactly where hccl does (low_precision_reference).
+        a, b = a.reshape(-1), b.reshape(-1)
+        bad = (a.view(torch.int16) != b.view(torch.int16)).nonzero().flatten()
+        if len(bad):
+            raise AssertionError(f"{what}: {len(bad)} of {a.numel()} elements differ from the fp32-accumulated "
+                                 f"reference, first at {bad[:4].tolist()}\n got {a[bad[:8]]}\n"
+                                 f"want {b[bad[:8]]}")
+        return
+    if a.dtype in (torch.float32, torch.complex64):
         tol = dict(rtol=1e-5, atol=1e-5)
     else:
         tol = dict(rtol=1e-12, atol=1e-12) if (a.is_floating_point() or a.is_complex()) else dict(rtol=0, atol=0)

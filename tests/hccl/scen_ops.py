@@ -25,7 +25,7 @@ def check_all_reduce_matrix(device: str, sizes, group=None, ranks=None) -> int:
                 t = xs[me].clone().to(device)
                 if op == "PREMUL":
                     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5), group=group)
-                    want = (torch.stack(xs).double().sum(0) * 0.5).to(dtype)
+                    want = reference(xs, R.SUM, scale=0.5)
                 else:
                     dist.all_reduce(t, op=op, group=group)
                     want = reference(xs, op)

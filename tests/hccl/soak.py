@@ -112,7 +112,7 @@ class Soak:
         n = self.elems(rng, dtype.itemsize, scale) * scale
         xs = [fill(key, r, n, dtype, product=op == R.PRODUCT) for r in ranks]
         if op == "PREMUL":
-            want = (torch.stack(xs).double().sum(0) * 0.5).to(dtype)
+            want = reference(xs, R.SUM, scale=0.5)
             op = dist._make_nccl_premul_sum(0.5)
         else:
             want = reference(xs, op)
