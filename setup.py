@@ -75,7 +75,6 @@ setup(
     packages=["npudist", "torch_npu"] + ["npudist." + p for p in (
         "compile", "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
         "torch_npu.contrib", "torch_npu.distributed", "torch_npu.profiler"],
-    package_dir={"npudist.launch": "launch"},
     package_data={"npudist": ["include/npudist/*.h"]},  # <npudist/extension.h> for user C++ extensions
     ext_modules=ext_modules,
     cmdclass=cmdclass,

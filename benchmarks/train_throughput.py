@@ -177,7 +177,7 @@ def launch_worker(args) -> None:
     import torch.distributed as dist
     import npudist  # noqa: F401
     from npudist.data import default_corpus_path
-    from npudist.device import launch
+    from npudist.device import kernel_queue
     torch.npu.set_device(0)
     dist.init_process_group("npu:hccl,cpu:gloo", init_method=f"tcp://127.0.0.1:{args.launch_worker}",
                             rank=0, world_size=1)
@@ -185,10 +185,10 @@ def launch_worker(args) -> None:
     v.run(args.warmup, record=False)
     for _ in sys.stdin:
         v.rates.clear()
-        launch.reset_launch_counts()
+        kernel_queue.reset_launch_counts()
         v.run(args.steps, record=True)
-        print(json.dumps({"rate": statistics.median(v.rates), "loss": v.losses[-1], "counts": launch.launch_counts(),
-                          "blocking": launch.is_blocking()}), flush=True)
+        print(json.dumps({"rate": statistics.median(v.rates), "loss": v.losses[-1], "counts": kernel_queue.launch_counts(),
+                          "blocking": kernel_queue.is_blocking()}), flush=True)
     dist.destroy_process_group()
 
 

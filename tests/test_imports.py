@@ -1,6 +1,9 @@
 """Import structure: `import torch` registers npudist (autoload), torch-free layers load no torch and no C++
-extension, no two npudist subpackages import each other, and the layers below the model specs name no
-model attribute."""
+extension, no two npudist subpackages import each other, no two npudist modules import each other (not even
+through a function-local import), and the layers below the model specs name no model attribute.
+
+`python tests/test_imports.py` draws the module graph as floors: floor 0 imports no other npudist module,
+every module sits one floor above the highest module it imports, so every arrow points down."""
 from __future__ import annotations
 
 import ast
@@ -161,6 +164,100 @@ def test_no_import_cycles_between_npudist_units():
     assert cycle is None, f"npudist units import each other: {' -> '.join(cycle)}"
 
 
+# --- the import graph of modules, from source -------------------------------------------------------
+
+# Imports allowed to point back up (they close a circle): (importer, imported) -> why. Only a registration
+# belongs here, i.e. a lower module that must call into a higher one which registers itself with it, and
+# the reason says where that is documented. There is none today.
+DOCUMENTED_BACK_EDGES: dict[tuple[str, str], str] = {}
+
+
+def _modules() -> dict[str, str]:
+    """Every npudist module (dotted name -> file), C++ extensions (``npudist._C``) included as leaves."""
+    out = {}
+    for root, dirs, files in os.walk(PKG):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in files:
+            if f.endswith(".py") or (f.endswith(".so") and f.startswith("_C.")):
+                rel = os.path.relpath(os.path.join(root, f), REPO).split(os.sep)
+                rel[-1] = rel[-1].split(".")[0]
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                out[".".join(rel)] = os.path.join(root, f)
+    return out
+
+
+def _module_imports(name: str, path: str, modules: dict[str, str]) -> list[tuple[str, int, bool]]:
+    """(imported module, line, function-local) for every npudist import of one module. ``from P import x``
+    is an edge to ``P.x`` when that is a module, else to ``P``."""
+    if not path.endswith(".py"):
+        return []
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    package = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+    out = []
+
+    def known(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    def visit(node, local: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                targets = [known(a.name) for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = package[:len(package) - child.level + 1] if child.level else []
+                mod = ".".join(base + ([child.module] if child.module else []))
+                targets = [known(f"{mod}.{a.name}") if f"{mod}.{a.name}" in modules else known(mod)
+                           for a in child.names]
+            else:
+                targets = []
+            out.extend((t, child.lineno, local) for t in targets if t and t != name)
+            visit(child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return out
+
+
+def module_graph(documented_back_edges: bool = False) -> dict[str, set[str]]:
+    """Module -> the npudist modules it imports, at module level or inside a function; without the
+    documented back edges unless asked for."""
+    modules = _modules()
+    return {name: {t for t, _, _ in _module_imports(name, path, modules)
+                   if documented_back_edges or (name, t) not in DOCUMENTED_BACK_EDGES}
+            for name, path in modules.items()}
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Floor of each module in an acyclic graph: 0 if it imports nothing, else one above its highest import."""
+    memo: dict[str, int] = {}
+
+    def floor(n: str) -> int:
+        if n not in memo:
+            memo[n] = 1 + max((floor(m) for m in graph.get(n, ())), default=-1)
+        return memo[n]
+
+    return {n: floor(n) for n in graph}
+
+
+def test_module_graph_detector_sees_function_local_and_extension_imports():
+    modules = _modules()
+    edges = {(t, local) for t, _, local in _module_imports("npudist", modules["npudist"], modules)}
+    assert ("npudist.device", True) in edges          # register(): a function-local import
+    core = _module_imports("npudist.device.core", modules["npudist.device.core"], modules)
+    assert ("npudist._C", False) in {(t, local) for t, _, local in core}   # `from npudist import _C`
+    assert "npudist.launch.options" in module_graph()["npudist.launch.main"]   # `from .options import ...`
+
+
+def test_no_import_cycles_between_npudist_modules():
+    graph = module_graph()
+    cycle = _cycle(graph)
+    assert cycle is None, ("npudist modules import each other (an arrow back up; function-local imports "
+                           f"count): {' -> '.join(cycle)}")
+    unused = set(DOCUMENTED_BACK_EDGES) - {(a, b) for a, bs in module_graph(True).items() for b in bs}
+    assert not unused, f"documented back edges that no longer exist: {sorted(unused)}"
+
+
 MODEL_NAMES = ("tok_embeddings", "layers", "norm", "output", "lm_head", "embed_tokens")
 MODEL_FREE = ("fsdp", "tp", "pp", "plan", "mesh")
 
@@ -183,3 +280,16 @@ def test_parallel_and_plan_layers_name_no_model_attribute():
         for root, _, files in os.walk(os.path.join(PKG, unit)):
             hits += [h for f in files if f.endswith(".py") for h in _model_name_uses(os.path.join(root, f))]
     assert not hits, "model attributes named outside npudist.models:\n" + "\n".join(hits)
+
+
+if __name__ == "__main__":
+    graph = module_graph()
+    if _cycle(graph):
+        sys.exit("circle: " + " -> ".join(_cycle(graph)))
+    by_floor: dict[int, list[str]] = {}
+    for module, f in floors(graph).items():
+        by_floor.setdefault(f, []).append(module)
+    for f in sorted(by_floor, reverse=True):
+        print(f"floor {f}:")
+        for module in sorted(by_floor[f]):
+            print(f"  {module} -> {', '.join(sorted(graph[module])) or '-'}")

@@ -71,7 +71,7 @@ class NpuWrapperCodegen(PythonWrapperCodegen):
     def generate_after_suffix(self, result):
         # The C++ kernels read and write npu bytes through raw pointers on the host, so under asynchronous
         # launch the whole graph runs host-ordered: the module's launcher drains the current stream first and
-        # runs the graph's aten calls inline (npudist.device.launch.host_ordered_call).
+        # runs the graph's aten calls inline (npudist.device.kernel_queue.host_ordered_call).
         super().generate_after_suffix(result)
         name = self.launcher_fn_name
         result.writeline(f"{name} = torch.npu.launch.host_ordered_call({name})")

@@ -6,7 +6,7 @@ and its public names are re-exported here.
 """
 import os as _os
 
-from npudist.device import _registration, launch, linear_ce_defaults, shallow_copy
+from npudist.device import _registration, kernel_queue, linear_ce_defaults, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -77,7 +77,10 @@ __all__ = [
 _registration.register(__name__)
 shallow_copy.register()
 linear_ce_defaults.register()
-launch.register()
+kernel_queue.register()
+# The public name of kernel launch is torch.npu.launch (is_blocking, launch_counts, host_ordered_call; Inductor's
+# generated npu code calls torch.npu.launch.host_ordered_call).
+launch = kernel_queue
 
 _SANITIZER_FLAG = _os.environ.get("NPUDIST_STREAM_SANITIZER", "0")
 if _SANITIZER_FLAG not in ("", "0", "1"):

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from npudist import _C
+from npudist.device import sync_trace
 
 
 
@@ -98,9 +99,8 @@ def synchronize(device: Any = None) -> None:
     """Wait until all work enqueued on all streams of ``device`` has completed."""
     idx = _checked_index(device)
     _C._synchronize(idx)
-    from npudist.device import streams  # noqa: PLC0415 - streams imports core
-    if streams._trace_hooks:
-        streams._trace("device_synchronize", idx)
+    if sync_trace.hooks:
+        sync_trace.trace("device_synchronize", idx)
 
 
 @dataclasses.dataclass(frozen=True)

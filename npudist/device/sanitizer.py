@@ -5,7 +5,7 @@ Enable with ``NPUDIST_STREAM_SANITIZER=1`` (at ``import npudist`` / ``import tor
 (``torch.cuda._sanitizer``): a ``TorchDispatchMode`` sees every op, classifies each npu tensor argument as
 read or written from the schema's alias info, and keeps per storage the last write and the reads since, each
 with its stream and that stream's logical clock. Streams order through events, ``wait_stream``,
-synchronize (vector clocks, reported by the trace hooks of :mod:`npudist.device.streams`) and hccl
+synchronize (vector clocks, reported by the trace hooks of :mod:`npudist.device.sync_trace`) and hccl
 collectives (issued on the group's comm stream after the current stream; ``Work.wait()`` / ``wait_tensor``
 order the waiting stream after it). An access not ordered after a conflicting access of another stream raises
 :class:`StreamSanitizerError` naming the tensor, both streams and both Python stacks.
@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from npudist import _C
-from npudist.device import streams
+from npudist.device import sync_trace
 
 StreamKey = Any   # (device_index, stream_id) for npu streams, ("comm", group) for an hccl group's comm stream
 Clock = dict      # StreamKey -> the last sequence number of that stream this state is ordered after
@@ -453,7 +453,7 @@ class StreamSanitizer:
     def enable(self) -> None:
         if self.enabled:
             return
-        self._remove_hook = streams.register_trace_hook(self.tracker.on_trace)
+        self._remove_hook = sync_trace.register_trace_hook(self.tracker.on_trace)
         self.mode.__enter__()
         self.enabled = True
 

@@ -5,37 +5,18 @@ Semantics (see docs/device.md): npu ops and the work other components enqueue on
 passed it; ``wait_event``/``wait_stream`` make the waiting stream's queue wait for it (the host only with
 ``ASCEND_LAUNCH_BLOCKING=1``).
 
-Trace hooks: every synchronization that goes through torch.npu (stream creation, event record/wait,
-stream/event/device synchronize) is reported to the callables registered with :func:`register_trace_hook`
-(the stream sanitizer, docs/debugging.md). With no hook registered the cost is one list test.
+Every synchronization here is reported to the trace hooks of :mod:`npudist.device.sync_trace` (the stream
+sanitizer, docs/debugging.md).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from npudist import _C
 from npudist.device import core
-
-
-# Hooks called as hook(kind, *args); kinds and args:
-#   "stream_create" (stream_key,)        "event_record" (event_id, stream_key)
-#   "event_wait" (event_id, stream_key)  "event_synchronize" (event_id,)
-#   "stream_synchronize" (stream_key,)   "device_synchronize" (device_index,)
-# stream_key is (device_index, stream_id).
-_trace_hooks: list[Callable[..., None]] = []
-
-
-def register_trace_hook(hook: Callable[..., None]) -> Callable[[], None]:
-    """Call ``hook(kind, *args)`` on every npu stream/event synchronization; returns a function removing it."""
-    _trace_hooks.append(hook)
-    return lambda: _trace_hooks.remove(hook) if hook in _trace_hooks else None
-
-
-def _trace(kind: str, *args) -> None:
-    for hook in list(_trace_hooks):
-        hook(kind, *args)
+from npudist.device import sync_trace
 
 
 def stream_key(stream: torch.Stream) -> tuple[int, int]:
@@ -51,16 +32,16 @@ class Stream(torch.Stream):
             return super().__new__(cls, priority=priority, **kwargs)
         idx = core._checked_index(device)
         s = super().__new__(cls, device=torch.device("npu", idx), priority=priority)
-        if _trace_hooks:
-            _trace("stream_create", stream_key(s))
+        if sync_trace.hooks:
+            sync_trace.trace("stream_create", stream_key(s))
         return s
 
     def wait_event(self, event: torch.Event) -> None:
         """Order all later work on this stream after ``event`` (the host waits only under blocking launch)."""
         # torch.Event.wait, not event.wait: a plain torch.Event would skip the trace.
         torch.Event.wait(event, self)
-        if _trace_hooks:
-            _trace("event_wait", event.event_id, stream_key(self))
+        if sync_trace.hooks:
+            sync_trace.trace("event_wait", event.event_id, stream_key(self))
 
     def wait_stream(self, stream: torch.Stream) -> None:
         """Order all later work after the work enqueued on ``stream`` so far."""
@@ -72,8 +53,8 @@ class Stream(torch.Stream):
     def synchronize(self) -> None:
         """Block the host until all work enqueued on this stream has completed."""
         super().synchronize()
-        if _trace_hooks:
-            _trace("stream_synchronize", stream_key(self))
+        if sync_trace.hooks:
+            sync_trace.trace("stream_synchronize", stream_key(self))
 
     def record_event(self, event: torch.Event | None = None) -> Event:
         """Record ``event`` (a new one if None) on this stream and return it."""
@@ -114,21 +95,21 @@ class Event(torch.Event):
         """Record on ``stream`` (default: the current stream)."""
         stream = current_stream() if stream is None else stream
         super().record(stream)
-        if _trace_hooks:
-            _trace("event_record", self.event_id, stream_key(stream))
+        if sync_trace.hooks:
+            sync_trace.trace("event_record", self.event_id, stream_key(stream))
 
     def wait(self, stream: torch.Stream | None = None) -> None:
         """Make ``stream`` (default: current) wait for this event."""
         stream = current_stream() if stream is None else stream
         super().wait(stream)
-        if _trace_hooks:
-            _trace("event_wait", self.event_id, stream_key(stream))
+        if sync_trace.hooks:
+            sync_trace.trace("event_wait", self.event_id, stream_key(stream))
 
     def synchronize(self) -> None:
         """Block the host until this event has completed."""
         super().synchronize()
-        if _trace_hooks:
-            _trace("event_synchronize", self.event_id)
+        if sync_trace.hooks:
+            sync_trace.trace("event_synchronize", self.event_id)
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds from this event to ``end_event`` (both recorded and completed)."""

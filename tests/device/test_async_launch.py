@@ -11,14 +11,14 @@ import threading
 import pytest
 import torch
 
-from npudist.device import launch
+from npudist.device import kernel_queue
 from runtime_ext import HostGate
 
 from .conftest import run_python
 
 # In-process tests need asynchronous launch (the default; the CI's second run sets ASCEND_LAUNCH_BLOCKING=1); the
 # subprocess tests choose their mode themselves.
-needs_async = pytest.mark.skipif(launch.is_blocking(), reason="ASCEND_LAUNCH_BLOCKING=1 selected blocking launch")
+needs_async = pytest.mark.skipif(kernel_queue.is_blocking(), reason="ASCEND_LAUNCH_BLOCKING=1 selected blocking launch")
 
 
 @needs_async
@@ -29,9 +29,9 @@ def test_launch_returns_before_the_kernel_ran():
     torch.npu.synchronize()
     stream = torch.npu.current_stream()
     with HostGate(0, stream.stream_id):
-        launch.reset_launch_counts()
+        kernel_queue.reset_launch_counts()
         b = (a @ a) @ a  # returns although the stream is held: the matmuls are queued behind the gate
-        assert launch.launch_counts()["queued"] == 2
+        assert kernel_queue.launch_counts()["queued"] == 2
         assert not stream.query()
     torch.npu.synchronize()
     assert stream.query()
@@ -124,25 +124,25 @@ def test_kernel_error_surfaces_at_the_next_sync_naming_op_and_line():
 def test_data_dependent_and_scalar_ops_run_synchronously():
     x = torch.tensor([0.0, 1.5, 0.0, 2.0], device="npu")
     for _ in range(2):  # also once the signatures are known
-        launch.reset_launch_counts()
+        kernel_queue.reset_launch_counts()
         nz = torch.nonzero(x)
         sel = x[x > 0]
-        assert launch.launch_counts()["synchronous"] >= 2
+        assert kernel_queue.launch_counts()["synchronous"] >= 2
     assert torch.equal(nz.cpu(), torch.tensor([[1], [3]])) and torch.equal(sel.cpu(), torch.tensor([1.5, 2.0]))
 
 
 def test_blocking_env_makes_every_op_synchronous():
     code = """
 import torch, npudist
-from npudist.device import launch
+from npudist.device import kernel_queue
 from runtime_ext import HostGate
-assert launch.is_blocking()
+assert kernel_queue.is_blocking()
 a = torch.randn(32, 32, device='npu')
 with HostGate(0, 0):
-    launch.reset_launch_counts()
+    kernel_queue.reset_launch_counts()
     b = a @ a + 1  # runs now, although the stream is held
     assert torch.equal(b.cpu(), a.cpu() @ a.cpu() + 1)  # (no drain in blocking mode)
-    assert launch.launch_counts()['queued'] == 0
+    assert kernel_queue.launch_counts()['queued'] == 0
 print('ok')
 """
     for env in ({"ASCEND_LAUNCH_BLOCKING": "1", "NPUDIST_LAUNCH_BLOCKING": "1"}, {"NPUDIST_LAUNCH_BLOCKING": "1"}):
@@ -173,7 +173,7 @@ for step in range(3):
     losses.append(loss.detach())
 state = {k: v.cpu() for k, v in m.state_dict().items()}
 torch.save({'losses': torch.stack(losses).cpu(), 'state': state}, sys.argv[1])
-print(json.dumps(npudist.device.launch.launch_counts()))
+print(json.dumps(npudist.device.kernel_queue.launch_counts()))
 """
 
 
@@ -221,7 +221,7 @@ def test_launch_waits_when_the_stream_queue_is_full():
     ValueError naming the variable."""
     code = """
 import threading, time, torch, npudist
-from npudist.device import launch
+from npudist.device import kernel_queue
 from runtime_ext import HostGate
 x = torch.ones(8, device='npu')
 (x + 1) * 2  # first run of each signature: synchronous
@@ -231,11 +231,11 @@ def launch_ten():
     for _ in range(10):
         outs.append(x + 1)
 with HostGate(0, 0) as gate:
-    launch.reset_launch_counts()
+    kernel_queue.reset_launch_counts()
     t = threading.Thread(target=launch_ten)
     t.start()
     time.sleep(0.5)
-    assert t.is_alive() and len(outs) == 4 and launch.launch_counts()['queued'] == 4, (len(outs), launch.launch_counts())
+    assert t.is_alive() and len(outs) == 4 and kernel_queue.launch_counts()['queued'] == 4, (len(outs), kernel_queue.launch_counts())
     gate.open()
     t.join(30)
     assert not t.is_alive() and len(outs) == 10
@@ -259,11 +259,11 @@ def test_a_float_argument_that_changes_every_call_stays_queued():
     pn.addcdiv_(an, bn, value=0.1)
     p.addcdiv_(a, b, value=0.1)
     torch.npu.synchronize()
-    launch.reset_launch_counts()
+    kernel_queue.reset_launch_counts()
     for step in range(1, 6):
         pn.addcdiv_(an, bn, value=-0.01 * step)
         p.addcdiv_(a, b, value=-0.01 * step)
-    assert launch.launch_counts()["synchronous"] == 0 and launch.launch_counts()["queued"] == 5
+    assert kernel_queue.launch_counts()["synchronous"] == 0 and kernel_queue.launch_counts()["queued"] == 5
     assert torch.equal(pn.cpu(), p)
 
 

@@ -3,7 +3,7 @@ import time
 
 import torch
 
-from npudist.device import launch
+from npudist.device import kernel_queue
 from runtime_ext import launch_host_fill
 
 
@@ -47,7 +47,7 @@ def test_wait_stream_orders_later_compute():
     launch_host_fill(t, 3.0, 100_000, side.stream_id)
     t0 = time.monotonic()
     torch.npu.current_stream().wait_stream(side)  # later compute must see the fill
-    if launch.is_blocking():
+    if kernel_queue.is_blocking():
         assert time.monotonic() - t0 >= 0.05  # the host waits
     else:
         assert not torch.npu.current_stream().query()  # the current stream's queue waits instead
@@ -60,7 +60,7 @@ def test_wait_event_and_synchronize():
     launch_host_fill(t, 1.0, 50_000, s.stream_id)
     e = s.record_event()
     torch.npu.current_stream(1).wait_event(e)
-    assert e.query() or not launch.is_blocking()  # only blocking launch makes wait_event block the host
+    assert e.query() or not kernel_queue.is_blocking()  # only blocking launch makes wait_event block the host
     assert t.sum().item() == 8.0
     launch_host_fill(t, 2.0, 50_000, s.stream_id)
     torch.npu.synchronize(1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from npudist.launch import devices, main as npurun_main
-from npudist.launch.cli import parse_args
+from npudist.launch.options import parse_args
 from npudist.launch.devices import LaunchError, resolve_nproc
 from npudist.launch.logs import NpurunLogsSpecs, read_error_excerpt, summarize_traceback
 from npudist.launch.plan_check import check_plan_args, format_plan_error

@@ -1,6 +1,6 @@
-"""Asynchronous launch (docs/device.md, "Asynchronous launch"): npu ops queue their kernels on the current
-stream and return; ``ASCEND_LAUNCH_BLOCKING=1`` (or ``NPUDIST_LAUNCH_BLOCKING=1``), read once when the first
-op runs, makes every op synchronous.
+"""Kernel queue, public as ``torch.npu.launch`` (docs/device.md, "Asynchronous launch"): npu ops queue
+their kernels on the current stream and return; ``ASCEND_LAUNCH_BLOCKING=1`` (or
+``NPUDIST_LAUNCH_BLOCKING=1``), read once when the first op runs, makes every op synchronous.
 
 Queued kernels must have run before the process forks (the child has no stream workers) or exits (workers
 would compute while the interpreter shuts down): :func:`register` drains every device at both points.

@@ -27,7 +27,7 @@ from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_min_max_nnodes
 
 from . import worker
-from .cli import HCCL_ENV_OPTIONS, NODE_ID_ENV, parse_args
+from .options import HCCL_ENV_OPTIONS, NODE_ID_ENV, parse_args
 from .devices import LaunchError, resolve_nproc
 from .logs import NpurunLogsSpecs
 from .plan_check import check_plan_args, format_plan_error
