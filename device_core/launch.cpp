@@ -144,9 +144,35 @@ struct Retired {
 std::atomic<Retired*> g_retired{new Retired()};
 std::atomic<bool> g_has_retired{false};
 
+// Warnings raised by queued kernels on a worker (a kernel whose signature warned on its synchronous first call
+// is never queued, so these are the data-dependent ones). The worker's C++ warning handler has no Python caller
+// to report to: they are carried to the launching side and raised there, in order, at the next launch or
+// synchronization point, as asynchronous errors are. Bounded: a runaway kernel loop cannot grow it unbounded.
+struct QueuedWarnings {
+  static constexpr size_t kMax = 1024;
+  std::mutex mu;
+  std::vector<c10::Warning> list;
+  size_t dropped = 0;
+};
+std::atomic<QueuedWarnings*> g_warnings{new QueuedWarnings()};
+std::atomic<bool> g_has_warnings{false};
+
+class WorkerWarningHandler final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    QueuedWarnings* q = g_warnings.load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> lk(q->mu);
+    if (q->list.size() < QueuedWarnings::kMax) q->list.push_back(warning);
+    else ++q->dropped;
+    g_has_warnings.store(true, std::memory_order_release);
+  }
+};
+
 void forget_retired_after_fork() {
   g_retired.store(new Retired());  // the parent's tasks are leaked: their memory belongs to the parent's state
   g_has_retired.store(false);
+  g_warnings.store(new QueuedWarnings());
+  g_has_warnings.store(false);
 }
 
 struct RetiredForkHandler {
@@ -165,6 +191,8 @@ void run_task(void* arg) {
   static thread_local bool threads_initialised = false;
   if (!threads_initialised) {
     at::init_num_threads();
+    static thread_local WorkerWarningHandler warnings;
+    c10::WarningUtils::set_warning_handler(&warnings);
     threads_initialised = true;
   }
   try {
@@ -254,8 +282,25 @@ bool release_finished() {
   return any;
 }
 
+void raise_queued_warnings() {
+  if (!g_has_warnings.load(std::memory_order_acquire)) return;
+  std::vector<c10::Warning> list;
+  size_t dropped;
+  {
+    QueuedWarnings* q = g_warnings.load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> lk(q->mu);
+    list.swap(q->list);
+    dropped = q->dropped;
+    q->dropped = 0;
+    g_has_warnings.store(false, std::memory_order_release);
+  }
+  for (const c10::Warning& w : list) c10::warn(w);
+  if (dropped) TORCH_WARN(dropped, " more warnings of queued npu kernels were dropped");
+}
+
 void enqueue(int device, const char* op, std::function<void()> kernel) {
   release_finished();
+  raise_queued_warnings();
   auto task = std::make_unique<Task>(std::move(kernel), op);
   if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
@@ -280,6 +325,7 @@ void drain(int device) {
 
 void after_sync() {
   release_finished();
+  raise_queued_warnings();
   raise_pending_error();
 }
 

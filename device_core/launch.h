@@ -37,8 +37,12 @@ void raise_pending_error();
 // is back by the time the host next allocates or observes it. True if it released anything.
 bool release_finished();
 
-// What a synchronization point does once the stream or device is idle: release_finished(), then
-// raise_pending_error().
+// Raise, on the calling thread, the C++ warnings that queued kernels raised on their workers since the last
+// call (enqueue and after_sync call it: they reach Python at the next launch or synchronization point).
+void raise_queued_warnings();
+
+// What a synchronization point does once the stream or device is idle: release_finished(),
+// raise_queued_warnings(), then raise_pending_error().
 void after_sync();
 
 // Where the calling thread launches from, set by the Python module (module.cpp). `capture` runs at every

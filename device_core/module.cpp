@@ -1,4 +1,5 @@
 // npudist._C: registers the npu device's C++ pieces with PyTorch and exposes the runtime to Python.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
@@ -101,7 +102,6 @@ PYBIND11_MODULE(_C, m) {
   graph::init_bindings(m);
 
   m.attr("_num_cpu_kernel_redirects") = redirected;
-  auto nogil = py::call_guard<py::gil_scoped_release>();
   // Called by npudist.device at import so a malformed NPUDIST_* / ASCEND_RT_VISIBLE_DEVICES is a ValueError
   // (an exception thrown during module init would surface as an ImportError).
   m.def("_validate_config", [] {
@@ -114,12 +114,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_properties", &device_properties, "(name, total_memory, physical_index) of a device.");
   m.def("_is_initialized", [] { return rt::api().is_initialized() != 0; });
   m.def("_mark_initialized", [] { rt::api().mark_initialized(); });
-  m.def("_synchronize", [](int d) {
+  // Synchronization points raise the warnings of queued kernels (launch::after_sync): torch's warning handler
+  // makes them Python warnings (wrap_pybind_function), as for any torch binding; the GIL is released inside.
+  m.def("_synchronize", torch::wrap_pybind_function_no_gil([](int d) {
     check_index(d);
     if (graph::any_capture_active()) graph::check_not_capturing("torch.npu.synchronize()");
     rt::check(rt::api().device_synchronize(d));
     launch::after_sync();
-  }, nogil);
+  }));
   m.def("_launch_blocking", [] { return launch::blocking(); },
         "True when ASCEND_LAUNCH_BLOCKING/NPUDIST_LAUNCH_BLOCKING made every npu op synchronous.");
   m.def("_launch_counts", [] {
@@ -143,12 +145,12 @@ PYBIND11_MODULE(_C, m) {
     if (idle < 0) throw std::out_of_range(rt::api().last_error());
     return idle != 0;
   });
-  m.def("_stream_synchronize", [](int d, int64_t s) {
+  m.def("_stream_synchronize", torch::wrap_pybind_function_no_gil([](int d, int64_t s) {
     check_index(d);
     if (graph::any_capture_active()) graph::check_not_capturing("Stream.synchronize()");
     rt::check(rt::api().stream_synchronize(d, s));
     launch::after_sync();
-  }, nogil);
+  }));
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
   m.def("_default_generator", [](int d) {
     check_index(d);

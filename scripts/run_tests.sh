@@ -8,6 +8,7 @@ bash scripts/setup.sh
 .venv/bin/python -m pytest -n 2 --dist loadgroup "$@" tests
 BLOCKING_SUBSET=(
   tests/device/test_async_launch.py
+  tests/device/test_repeated_calls.py
   tests/device/test_npu_streams.py
   tests/device/test_npu_random.py
   tests/device/test_npu_fallback.py

@@ -1,0 +1,100 @@
+"""Every call of an npu op gives PyTorch's result and PyTorch's warnings, not only the first.
+
+Under asynchronous launch the first call of an op signature runs synchronously and later ones are queued
+(docs/op_path.md), so a difference between the two paths shows from the second call on. These tests run in
+both launch modes (CI's second pass sets ASCEND_LAUNCH_BLOCKING=1).
+"""
+import json
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .conftest import run_python
+
+
+def _warnings_of(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+        torch.npu.synchronize()  # a warning of a queued kernel arrives here at the latest
+    return out, [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_binary_cross_entropy_is_right_on_every_call(weighted):
+    torch.manual_seed(0)
+    wrong = []
+    for i in range(300):
+        x, t = torch.rand(5, 5), torch.rand(5, 5)
+        w = torch.rand(5, 5) if weighted else None
+        ref = F.binary_cross_entropy(x.double(), t.double(), None if w is None else w.double()).item()
+        got = F.binary_cross_entropy(x.npu(), t.npu(), None if w is None else w.npu()).item()
+        if abs(got - ref) > 1e-5 * abs(ref):
+            wrong.append((i, got, ref))
+    assert not wrong, f"{len(wrong)} of 300 calls wrong, first: {wrong[:3]}"
+
+
+# Losses whose out= kernels do not follow the functional contract (scratch-sized or resized outputs), in
+# every reduction; a call sequence long enough to reuse the queued signature.
+LOSSES = {
+    "binary_cross_entropy": lambda x, t, r: F.binary_cross_entropy(x.sigmoid(), t, reduction=r),
+    "mse_loss": lambda x, t, r: F.mse_loss(x, t, reduction=r),
+    "l1_loss": lambda x, t, r: F.l1_loss(x, t, reduction=r),
+    "smooth_l1_loss": lambda x, t, r: F.smooth_l1_loss(x, t, reduction=r),
+    "huber_loss": lambda x, t, r: F.huber_loss(x, t, reduction=r),
+    "soft_margin_loss": lambda x, t, r: F.soft_margin_loss(x, t.sign(), reduction=r),
+    "kl_div": lambda x, t, r: F.kl_div(x.log_softmax(-1), t.softmax(-1), reduction="batchmean" if r == "mean" else r),
+    "multilabel_soft_margin_loss": lambda x, t, r: F.multilabel_soft_margin_loss(x, (t > 0.5).float(), reduction=r),
+}
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_losses_match_cpu_values_and_warnings_on_every_call(name, reduction, capfd):
+    loss = LOSSES[name]
+    torch.manual_seed(1)
+    for call in range(4):
+        x, t = torch.randn(6, 7), torch.rand(6, 7)
+        ref, ref_warnings = _warnings_of(lambda: loss(x, t, reduction))
+        cpu_stderr = capfd.readouterr().err
+        got, got_warnings = _warnings_of(lambda: loss(x.npu(), t.npu(), reduction))
+        npu_stderr = capfd.readouterr().err  # C++ warnings printed from another thread land here
+        assert got.device.type == "npu" and got.shape == ref.shape and got.dtype == ref.dtype
+        assert torch.equal(got.cpu(), ref), f"call {call}: {got.cpu()} vs {ref}"
+        assert got_warnings == ref_warnings, f"call {call}"
+        assert npu_stderr == cpu_stderr, f"call {call}: npu printed {npu_stderr!r}"
+
+
+def test_a_signature_that_warns_warns_on_every_call():
+    x = torch.randn(1, 4)  # std over one element: "degrees of freedom is <= 0" on every call
+    for call in range(3):
+        ref, ref_warnings = _warnings_of(lambda: x.std(dim=0))
+        got, got_warnings = _warnings_of(lambda: x.npu().std(dim=0))
+        assert ref_warnings and got_warnings == ref_warnings, f"call {call}"
+        assert torch.equal(got.cpu().isnan(), ref.isnan())
+
+
+def test_a_queued_kernel_warning_reaches_python():
+    # An npu -> npu copy is always queued; complex to real warns (once per process, TORCH_WARN_ONCE) on the
+    # worker that runs it. The warning must reach Python's warnings, not the worker's stderr. A fresh process:
+    # an earlier copy in this one may have used up the warning.
+    code = textwrap.dedent("""
+        import json, warnings, torch
+        src = torch.randn(8, dtype=torch.complex64).npu()
+        dst = torch.empty(8, device="npu")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dst.copy_(src)
+            torch.npu.synchronize()
+        print(json.dumps([str(w.message) for w in caught]))
+        assert torch.equal(dst.cpu(), src.cpu().real)
+    """)
+    for env in ({}, {"ASCEND_LAUNCH_BLOCKING": "1"}):
+        proc = run_python(code, env)
+        assert proc.returncode == 0, proc.stderr
+        caught = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert len(caught) == 1 and "discards the imaginary part" in caught[0], (env, caught)
+        assert "Warning" not in proc.stderr, (env, proc.stderr)
