@@ -20,19 +20,26 @@ if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   # torch is pinned exactly: a looser pin pulls a multi-GB CUDA build.
   say "installing torch==2.13.0 and the build/test tools (pip; a first install downloads ~200 MB)"
   $VPY -m pip install --disable-pip-version-check "torch==2.13.0" pyyaml numpy pybind11 ninja \
-      pytest pytest-xdist pytest-timeout 2>&1 | show_pip || true
-  # Test-only dependencies (pinned; not runtime dependencies of npudist).
+      pytest pytest-xdist pytest-timeout 2>&1 | show_pip \
+    || { say "FAILED: pip could not install torch and the build/test tools (its ERROR lines are above)"; exit 1; }
+  # Test-only dependencies (pinned; not runtime dependencies of npudist). A failure stops the setup: the
+  # ecosystem tests would otherwise turn into skips.
   say "installing test-only dependencies (requirements-test.txt)"
-  $VPY -m pip install --disable-pip-version-check -r requirements-test.txt 2>&1 | show_pip || true
+  $VPY -m pip install --disable-pip-version-check -r requirements-test.txt 2>&1 | show_pip \
+    || { say "FAILED: pip could not install requirements-test.txt (its ERROR lines are above)"; exit 1; }
   $VPY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch 2.13.0 required')"
   # Package metadata + console scripts (npurun, npudist) without compiling; extensions are built below.
   say "installing npudist (editable; npurun and npudist commands)"
   NPUDIST_SKIP_EXT=1 $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
-      2>&1 | grep -v '^WARNING: Location' || true
+      2>&1 | { grep -v '^WARNING: Location' || true; }
   # Distribution metadata for torch_npu (metadata only; the package ships in npudist): libraries such as
   # diffusers detect Ascend with importlib.metadata.version("torch_npu"). See docs/torch_npu.md.
   $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps ./packaging/torch_npu \
-      2>&1 | grep -v '^WARNING: Location' || true
+      2>&1 | { grep -v '^WARNING: Location' || true; }
+  # The emulated CANN home's pyACL (`import acl`, e.g. Ray's NPU detection) importable before torch is: a path
+  # entry, appended after PYTHONPATH, so a real toolkit's acl (set_env.sh puts it on PYTHONPATH) wins.
+  $VPY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+    | { read -r site; echo "$PWD/npudist/cann/home/python/site-packages" > "$site/npudist_cann_acl.pth"; }
   echo "$want" > $stamp
 fi
 start=$(date +%s)
@@ -70,3 +77,6 @@ if [ $status -ne 0 ]; then
   tail -n 60 "$log"; echo "C++ build failed (full log: $log)" >&2; exit 1
 fi
 say "extensions built in $(( $(date +%s) - start ))s"
+# The emulated CANN home's libraries (plain C++, seconds; docs/cann.md).
+say "building the emulated CANN libraries (npudist/cann/home/lib64/libascendcl.so, torch_npu/lib/libtorch_npu.so)"
+$VPY -m npudist.cann.build | sed -u 's/^/[setup]   /'

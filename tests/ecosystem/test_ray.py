@@ -1,0 +1,64 @@
+"""Ray sees npudist's emulated NPUs by itself (its NPU detection imports pyACL from the emulated CANN home) and
+Ray Train's TorchTrainer trains DDP over hccl with one NPU per worker."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cann_env import clear_cann_environment
+
+SCRIPT = Path(__file__).parent / "scripts" / "ray_train.py"
+TIMEOUT = 400  # s; about a minute on an idle 2-core machine (Ray's daemons, two workers importing torch)
+
+
+def _npu_tracebacks(output: str) -> list[str]:
+    """Tracebacks that involve npu/acl code. Ray prints its own under load (its GCS timeouts); those are not ours."""
+    blocks = re.split(r"(?=Traceback \(most recent call last\))", output)[1:]
+    return [b[:2000] for b in blocks if re.search(r"acl|npu|npudist|hccl|ascend", b[:3000], re.I)]
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_ray_detects_npus_and_trains_with_hccl(tmp_path, monkeypatch):
+    pytest.importorskip("ray.train.torch", reason="ray[train] is not installed (requirements-test.txt pins it)")
+    clear_cann_environment(monkeypatch)
+    # Ray's session directory holds its sockets, whose paths must stay under 108 bytes: a short directory.
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    env = dict(os.environ, NPUDIST_DEVICE_COUNT="4")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver's session: Ray's daemons and workers too
+        out, _ = proc.communicate()
+        pytest.fail(f"the Ray job took more than {TIMEOUT} s:\n{out[-6000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything Ray left behind in the session
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, out[-8000:]
+    report = json.loads(out.split("REPORT ", 1)[1].splitlines()[0])
+    assert report["npus"] == 4, report                       # ray.init() counted the devices through acl.rt
+    assert report["accelerator_types"] == ["accelerator_type:NpudistEmulatedNPU"], report  # acl.get_soc_name()
+    assert report["error"] is None, report
+    # Ray may echo a worker's line more than once (its log monitor): one per rank.
+    workers = {w["rank"]: w for w in (json.loads(m) for m in re.findall(r"WORKER (\{.*\})", out))}
+    assert sorted(workers) == [0, 1], out[-6000:]
+    workers = list(workers.values())
+    for w in workers:
+        assert w["device"] == "npu:0" and w["backend"] == "hccl", w   # each worker sees its one NPU as npu:0
+        assert w["max_err"] < 1e-6, w
+    assert sorted(w["visible"] for w in workers) in (["0", "1"], ["0", "2"], ["1", "2"], ["0", "3"], ["1", "3"],
+                                                      ["2", "3"]), workers  # Ray assigned distinct NPUs
+    assert not _npu_tracebacks(out), _npu_tracebacks(out)[0]
+    assert "Failed to detect NPU" not in out, out[-6000:]
