@@ -1,5 +1,8 @@
 // ProcessGroupHCCL op launch and execution (caller thread or worker lanes; npu stream gate and fence),
 // error translation, and WorkHCCL.
+#include <ATen/record_function.h>
+#include <mutex>
+#include <unordered_map>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "internal.h"
@@ -227,8 +230,36 @@ std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, co
 // ------------------------------------------------------------------------------------------------
 // Work
 
+namespace {
+
+// The op's CPU event for torch.profiler, "hccl:<op>" (Gloo's and NCCL's pattern, the names PyTorch's
+// DistributedTest looks up), or null when nothing records. c10d::Work opens it as an async event with the
+// shapes of profiled_inputs; complete() closes it. Interned: the profiler may keep the pointer past the op.
+const char* profiling_title(const OpSpec& spec) {
+  if (!at::hasCallbacks()) return nullptr;
+  static std::mutex m;
+  static std::unordered_map<std::string, std::string> titles;
+  std::string name = spec.name;
+  switch (spec.type) {  // Gloo's names for the forms hccl names apart
+    case c10d::OpType::ALLREDUCE_COALESCED: name = "all_reduce"; break;
+    case c10d::OpType::ALLGATHER_COALESCED: name = "all_gather"; break;
+    case c10d::OpType::RECVANYSOURCE: name = "recvAnySource"; break;
+    default: break;
+  }
+  std::lock_guard<std::mutex> g(m);
+  auto it = titles.try_emplace(name, "hccl:" + name).first;
+  return it->second.c_str();
+}
+
+// A receive has no input: its event shows the buffer it fills, as Gloo's and NCCL's do.
+const std::vector<at::Tensor>& profiled_inputs(const OpSpec& spec) {
+  return spec.inputs.empty() ? spec.outputs : spec.inputs;
+}
+
+}  // namespace
+
 WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id)
-    : c10d::Work(pg->getRank(), spec.type, nullptr),
+    : c10d::Work(pg->getRank(), spec.type, profiling_title(spec), profiled_inputs(spec)),
       spec_(std::move(spec)),
       seq_(seq),
       trace_id_(trace_id),
@@ -349,6 +380,10 @@ void WorkHCCL::complete(std::exception_ptr error) {
     exception_ = error;
   }
   cv_.notify_all();
+  if (recordFunctionEndCallback_) {  // only the completing thread gets here, once
+    recordFunctionEndCallback_();
+    recordFunctionEndCallback_ = nullptr;
+  }
   std::string msg;
   if (error) {
     try {
