@@ -1,9 +1,11 @@
 """``parallelize(model, plan, mesh)``: apply a plan's parallelisms in torchtitan's order.
 
 1. Pipeline split (``npudist.pp``) into this rank's stage modules;
-2. in each stage: tensor parallelism (``npudist.tp``), then activation checkpointing, then graph mode per
-   block (``npudist.compile.apply``, when the plan's ``compile`` section enables it), then FSDP per block
-   and the stage root (``npudist.fsdp``).
+2. in each stage: tensor parallelism (``npudist.tp``), then context parallelism (``npudist.cp``: sequence
+   shards, attention across the cp ranks) and expert parallelism (``npudist.ep``: experts split over the ep
+   ranks, left out of FSDP), then activation checkpointing, then graph mode per block
+   (``npudist.compile.apply``, when the plan's ``compile`` section enables it), then FSDP per block and
+   the stage root (``npudist.fsdp``, over dp_shard x cp).
 
 TP must precede FSDP so that FSDP shards the already tensor-parallel DTensors along the data-parallel mesh
 dim (2-D parameters); AC must precede FSDP so FSDP's hooks surround the recomputed region; compile comes
@@ -24,9 +26,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from npudist.compile.apply import apply_compile, compile_loss
+from npudist.cp import SequenceSharder, apply_cp
+from npudist.ep import apply_ep, sync_expert_grads
 from npudist.fsdp import apply_activation_checkpointing, apply_fsdp
 from npudist.loss import cross_entropy_loss, loss_context
-from npudist.mesh import get_dp_mesh, get_fsdp_mesh, get_pp_mesh, get_tp_mesh
+from npudist.mesh import get_cp_mesh, get_dp_mesh, get_ep_mesh, get_fsdp_mesh, get_pp_mesh, get_submesh, get_tp_mesh
 from npudist.models import get_model_spec, model_layout
 from npudist.pp import build_pipeline
 from npudist.tp import apply_tp
@@ -45,6 +49,19 @@ class ParallelModel:
     num_stages: int = 1
     pp_mesh: DeviceMesh | None = None
     compiled: list[str] = field(default_factory=list)   # blocks (and "loss") compiled per plan.compile
+    expert_params: list = field(default_factory=list)   # experts split over ep (outside FSDP)
+    edp_mesh: DeviceMesh | None = None                  # ranks holding the same experts
+    sequence: SequenceSharder | None = None             # this rank's share of each sequence under cp
+
+    def shard_batch(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """This rank's part of a micro-batch: the whole batch, or its sequence shard under context parallel."""
+        if self.sequence is None:
+            return inputs, labels
+        return self.sequence.shard(inputs), self.sequence.shard(labels)
+
+    def finish_grads(self) -> None:
+        """Gradient reductions FSDP does not do, after the last backward of a step (expert replicas)."""
+        sync_expert_grads(self.expert_params, self.edp_mesh)
 
     @property
     def pp_group(self):
@@ -129,25 +146,35 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
     pp_mesh = get_pp_mesh(mesh) if mesh is not None else None
     # FSDP over dp_shard (HSDP with dp_replicate); replicate-only data parallelism uses FSDP2's replicate.
     dp_mesh = (get_fsdp_mesh(mesh) or get_dp_mesh(mesh)) if mesh is not None else None
+    cp_mesh = get_cp_mesh(mesh) if mesh is not None else None
+    ep_mesh = get_ep_mesh(mesh) if mesh is not None else None
     loss_par = tp_mesh is not None and par.tp.loss_parallel
     compiled: list[str] = []   # filled by parallelize_part, in stage order
+    experts: list[nn.Parameter] = []
+    sharder = SequenceSharder(cp_mesh, par.cp.load_balance) if cp_mesh is not None else None
 
     def parallelize_part(part: nn.Module) -> nn.Module:
         if tp_mesh is not None:
             apply_tp(part, tp_mesh, par.tp, builtin=_builtin_tp(spec, layout), head=layout.head)
+        if cp_mesh is not None:
+            apply_cp(part, cp_mesh, par.cp, sharder)
+        if ep_mesh is not None:
+            experts.extend(apply_ep(part, ep_mesh))
         apply_activation_checkpointing(part, par.activation_checkpoint, list(layout.blocks))
         compiled.extend(apply_compile(part, plan.compile, list(layout.blocks)))
         if dp_mesh is not None:
             # Under PP each stage runs several micro-batch forwards per step: keep weights gathered.
             apply_fsdp(part, dp_mesh, par.fsdp, reshard_after_forward=False if pp_mesh is not None else None,
-                       units=list(spec.fsdp_units))
+                       units=list(spec.fsdp_units), ignored=set(experts))
         return part
 
     loss_tag = ["loss"] if loss_fn is not base_loss else []
+    extra = dict(expert_params=experts, edp_mesh=get_submesh(mesh, "edp") if ep_mesh is not None else None,
+                 sequence=sharder)
     if pp_mesh is None:
         parts = [parallelize_part(model)]
         return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,
-                             compiled=compiled + loss_tag)
+                             compiled=compiled + loss_tag, **extra)
     if n_microbatches is None:
         n_microbatches = par.pp.resolved_microbatches(pp_mesh.size())
     if not spec.supports_pipeline:
@@ -159,4 +186,4 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
     return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,
                          schedule=schedule, stage_ids=stage_ids,
                          num_stages=pp_mesh.size() * par.pp.virtual_stages, pp_mesh=pp_mesh,
-                         compiled=compiled + loss_tag)
+                         compiled=compiled + loss_tag, **extra)

@@ -43,9 +43,10 @@ def _drop_shared(targets: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Mod
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, fsdp_cfg, reshard_after_forward: bool | None = None,
-               units: list[str] = ()) -> nn.Module:
+               units: list[str] = (), ignored: set[nn.Parameter] | None = None) -> nn.Module:
     """Shard (or replicate) ``model`` in place over ``dp_mesh`` per ``fsdp_cfg`` (an ``FSDPConfig``).
     ``units``: module-name patterns used when ``fsdp_cfg.wrap`` is None (the model spec's FSDP units).
+    ``ignored``: parameters FSDP must not manage (expert-parallel experts, sharded over their own mesh).
 
     ``reshard_after_forward`` overrides the config; pipeline parallelism passes False because each stage
     runs several micro-batch forwards per step, which would otherwise all-gather the same weights again.
@@ -57,17 +58,19 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, fsdp_cfg, reshard_after_fo
     names = dp_mesh.mesh_dim_names or ()
     replicate_only = dp_mesh.ndim == 1 and names == ("dp_replicate",)
     targets = _drop_shared(_wrap_targets(model, fsdp_cfg.wrap if fsdp_cfg.wrap is not None else list(units)))
+    extra = {"ignored_params": set(ignored)} if ignored else {}
     for _, module in reversed(targets):
         if replicate_only:
-            replicate(module, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+            replicate(module, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, **extra)
         else:
             fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                        offload_policy=offload)
+                        offload_policy=offload, **extra)
     if replicate_only:
-        replicate(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+        replicate(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, **extra)
     else:
         # The root is needed for the backward all-reduce/reduce-scatter of whatever the units did not take.
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload,
+                    **extra)
     return model
 
 

@@ -61,12 +61,20 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        # Set by npudist.cp.apply_cp: this rank holds a shard of each sequence; it gives the shard's token
+        # positions and runs attention over the whole sequence across the cp ranks.
+        self.context_parallel = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x is the full sequence here even under sequence parallelism (the TP plan gathers it first), so
         # the rotary tables are sliced here rather than by the caller, who may only hold a sequence shard.
         bs, seqlen, _ = x.shape
-        cos, sin = cos[:seqlen], sin[:seqlen]
+        cp = self.context_parallel
+        if cp is None:
+            cos, sin = cos[:seqlen], sin[:seqlen]
+        else:
+            positions = cp.positions(seqlen, cos.device)
+            cos, sin = cos[positions], sin[positions]
         q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
@@ -74,8 +82,11 @@ class Attention(nn.Module):
         if self.n_rep > 1:
             k = k.repeat_interleave(self.n_rep, dim=2)
             v = v.repeat_interleave(self.n_rep, dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cp is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = cp.attention(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
@@ -139,7 +150,7 @@ class Transformer(nn.Module):
         raise_if_invalid(cfg)
         self.args = args = cfg
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict({str(i): self.make_block(i, args) for i in range(args.n_layers)})
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         cos, sin = compute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -149,6 +160,11 @@ class Transformer(nn.Module):
         self.init_weights()
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+
+    @staticmethod
+    def make_block(layer_id: int, args) -> nn.Module:
+        """Block ``layer_id``; a model with other blocks (npudist.models.moe) overrides this."""
+        return TransformerBlock(layer_id, args)
 
     def _apply(self, fn, recurse=True):
         # Module.to() keeps shared parameters shared only when the new tensor type is "shallow-copy

@@ -75,5 +75,5 @@ def _tp_plan(model, layout, tp_cfg):
 
 LLAMA_SPEC = ModelSpec(
     name="llama", build=_build, layout=llama_layout, check=check_llama, tp_plan=_tp_plan,
-    fsdp_units=("layers.*",), supports_pipeline=True,
+    fsdp_units=("layers.*",), supports_pipeline=True, supports_context_parallel=True,
     description="built-in Llama-style decoder (RMSNorm, RoPE, SwiGLU, GQA), npudist.models.llama")

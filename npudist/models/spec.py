@@ -11,7 +11,12 @@ A ``ModelSpec`` (torchtitan's TrainSpec is the model) bundles
 * ``check(model_cfg, parallel_cfg) -> ["key.path: problem", ...]``: the model's shape rules (for the plan's
   tensor-parallel degree) and what it cannot do;
 * ``fsdp_units``: the default ``parallel.fsdp.wrap`` patterns;
-* ``supports_pipeline``: whether ``forward`` runs with the first/last-stage modules set to None.
+* ``supports_pipeline``: whether ``forward`` runs with the first/last-stage modules set to None;
+* ``supports_context_parallel``: whether the model runs on a sequence shard (``npudist.cp``);
+* ``experts(model_cfg) -> int``: the number of routed experts per MoE layer (None: a dense model), which
+  ``parallel.ep_degree`` splits (``npudist.ep``);
+* ``config_cls``: the dataclass of the plan's ``model`` section for this spec (None: ``ModelConfig``); a
+  spec with fields of its own (``moe``: n_experts, top_k, ...) subclasses ``ModelConfig``.
 
 The plan layer, ``npudist.fsdp``/``tp``/``pp`` and ``npudist.mesh`` know a model only through this
 interface; they name no model attribute. This module is torch-free (the plan checker imports it); a spec's
@@ -47,6 +52,7 @@ class ModelLayout:
     head: str | None = None                       # the module producing the logits
     tied: tuple[tuple[str, str], ...] = ()        # (owner module, module sharing owner's weight)
     tp_sharded: tuple[str, ...] = ()              # patterns of the modules the built-in TP plan splits
+    experts: tuple[str, ...] = ()                 # modules of routed experts (split by parallel.ep_degree)
     dims: TransformerDims | None = None           # None: no activation estimate
 
     def block_index(self, module: str) -> int | None:
@@ -82,6 +88,9 @@ class ModelSpec:
     tp_plan: Callable | None = None
     fsdp_units: tuple[str, ...] = ()
     supports_pipeline: bool = False
+    supports_context_parallel: bool = False
+    experts: Callable | None = None
+    config_cls: type | None = None
     description: str = ""
 
 

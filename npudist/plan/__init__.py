@@ -5,7 +5,7 @@
 from .errors import PlanError
 from .loader import load_plan, parse_overrides, parse_yaml
 from .patterns import matches as pattern_matches, select_names
-from .schema import (ACConfig, CheckpointConfig, CompileConfig, DataConfig, FSDPConfig, LoggingConfig, ModelConfig,
+from .schema import (ACConfig, CheckpointConfig, CPConfig, CompileConfig, DataConfig, FSDPConfig, LoggingConfig, ModelConfig,
                      OptimizerConfig, ParallelConfig, ParallelDegrees, Plan, PPConfig, ScheduleConfig, TPConfig,
                      TrainingConfig)
 from .validate import validate_plan
@@ -14,5 +14,5 @@ __all__ = [
     "load_plan", "parse_overrides", "parse_yaml", "validate_plan", "PlanError", "pattern_matches",
     "select_names", "Plan", "ModelConfig", "DataConfig", "OptimizerConfig", "ScheduleConfig", "TrainingConfig",
     "LoggingConfig", "ParallelConfig", "ParallelDegrees", "FSDPConfig", "TPConfig", "PPConfig", "ACConfig",
-    "CheckpointConfig", "CompileConfig",
+    "CheckpointConfig", "CompileConfig", "CPConfig",
 ]

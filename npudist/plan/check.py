@@ -71,12 +71,27 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
         f"{plan.schedule.warmup_steps} warmup, {plan.schedule.decay} decay",
     ]
     active = degrees.active_dims()
-    omitted = [k for k in MESH_DIM_NAMES if k not in active]
-    dims = " x ".join(f"{k}={v}" for k, v in active.items()) or "dp_shard=1"
+    omitted = [k for k in MESH_DIM_NAMES if k not in active] + (["ep"] if degrees.ep == 1 else [])
+    dims = (" x ".join(f"{k}={v}" for k, v in active.items()) or "dp_shard=1") + (
+        f" (ep={degrees.ep} within dp_shard x cp)" if degrees.ep > 1 else "")
     lines.append(f"mesh      {dims} on {t.device}" + (f"   (size-1 dims, no process group: "
                                                        f"{', '.join(omitted)})" if omitted else ""))
     for dim in active:
         lines.append(f"  {dim:<13} groups {_groups(degrees, dim)}")
+    if degrees.ep > 1:
+        lines.append(f"  {'ep':<13} groups {_groups(degrees, 'ep')}   (borrowed from dp_shard x cp)")
+        if degrees.expert_dp > 1:
+            lines.append(f"  {'edp':<13} groups {_groups(degrees, 'edp')}   (same experts: expert gradients "
+                         "all-reduced)")
+    if degrees.cp > 1:
+        cp = par.cp
+        lines.append(f"context   cp={degrees.cp} {cp.method}, {d.seq_len // degrees.cp} of {d.seq_len} tokens of "
+                     f"every sequence per rank" + (" (chunks r and 2cp-1-r: load-balanced causal)"
+                                                   if cp.load_balance else ""))
+    spec = get_model_spec(m.name)
+    if spec.experts is not None:
+        n_exp = spec.experts(m)
+        lines.append(f"experts   {n_exp} routed per MoE layer; {n_exp // degrees.ep} per rank (ep={degrees.ep})")
     if degrees.pp > 1:
         stages = par.pp.num_stages(degrees.pp)
         mb = par.pp.resolved_microbatches(degrees.pp)
@@ -104,7 +119,8 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
 
 
 def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list[str]:
-    cols = ("rank", "stages", "blocks", "dp_rep", "dp_shard", "tp", "params", "grads", "optim", "fsdp_ag",
+    cp = ("cp",) if degrees.cp > 1 else ()
+    cols = ("rank", "stages", "blocks", "dp_rep", "dp_shard", *cp, "tp", "params", "grads", "optim", "fsdp_ag",
             "activ", "total")
     rows = []
     for e in estimates:
@@ -112,6 +128,7 @@ def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list
         blocks = _span(e.blocks) + ("+emb" if e.holds_embedding else "") + ("+head" if e.holds_head else "")
         rows.append((str(e.rank), ",".join(map(str, e.stages)), blocks,
                      f"{c['dp_replicate']}/{degrees.dp_replicate}", f"{c['dp_shard']}/{degrees.dp_shard}",
+                     *((f"{c['cp']}/{degrees.cp}",) if cp else ()),
                      f"{c['tp']}/{degrees.tp}", format_bytes(e.param_bytes), format_bytes(e.grad_bytes),
                      format_bytes(e.optim_bytes), format_bytes(e.gather_bytes), format_bytes(e.activation_bytes),
                      format_bytes(e.device_bytes) + (" (state on host)" if e.offloaded else "")))
@@ -120,7 +137,7 @@ def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list
 
     def line(cells):
         return "  ".join(c.ljust(w) if h in left else c.rjust(w) for c, w, h in zip(cells, widths, cols))
-    return ["per-rank device memory estimate (fp32 params, grads and AdamW state after TP/FSDP sharding; "
+    return ["per-rank device memory estimate (fp32 params, grads and AdamW state after TP/EP/FSDP sharding; "
             "fsdp_ag = all-gathered units alive at peak; activations estimated for the schedule's peak):",
             line(cols), *(line(r) for r in rows)]
 

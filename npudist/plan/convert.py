@@ -121,9 +121,11 @@ def convert(value, tp, path: str, errors: list[str]):
     return out
 
 
-def convert_dataclass(value, cls, path: str, errors: list[str], bad_paths: set[str] | None = None):
+def convert_dataclass(value, cls, path: str, errors: list[str], bad_paths: set[str] | None = None,
+                      field_classes: dict[str, type] | None = None):
     """Instance of ``cls`` from a mapping; fields that fail keep their defaults (and are recorded in
-    ``bad_paths`` so cross-field validation can skip rules built on them)."""
+    ``bad_paths`` so cross-field validation can skip rules built on them). ``field_classes`` replaces the
+    dataclass of some fields (the ``model`` section's class depends on the model spec it names)."""
     if value is None:
         value = {}
     if not isinstance(value, dict):
@@ -131,8 +133,8 @@ def convert_dataclass(value, cls, path: str, errors: list[str], bad_paths: set[s
         if bad_paths is not None:
             bad_paths.add(path)
         return cls()
-    types_ = field_types(cls)
-    kwargs = {}
+    types_ = {**field_types(cls), **(field_classes or {})}
+    kwargs = {key: sub_cls() for key, sub_cls in (field_classes or {}).items() if key not in value}
     for key, raw in value.items():
         sub = f"{path}.{key}" if path else str(key)
         if key not in types_:

@@ -2,8 +2,9 @@
 
 Parameters are counted exactly from the model spec's layout (``npudist.models``); what each rank holds
 follows the real wrappers: pipeline stages own whole blocks (the layout's first-stage modules on the first
-stage, its last-stage modules on the last), TP splits the weights its plan shards, FSDP splits every
-parameter over dp_shard (padded to a multiple). Models whose layout gives no transformer widths (a user's
+stage, its last-stage modules on the last), TP splits the weights its plan shards, expert parallelism
+splits the routed experts over ep (outside FSDP), FSDP splits every other parameter over dp_shard x cp
+(padded to a multiple). Context parallelism divides each rank's tokens (so its activations) by cp. Models whose layout gives no transformer widths (a user's
 own module) get no activation estimate.
 Activations are an ESTIMATE: bytes saved for backward per token per block (see ``_block_activation``),
 times the tokens of the micro-batches a pipeline schedule keeps in flight.
@@ -133,6 +134,11 @@ def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ran
     flight = _in_flight(plan, coords["pp"], len(stages))
     recompute = per_layer * tokens * act_bytes if ac.mode == "full" else 0   # one block rebuilt in backward
     activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute)
+    if degrees.cp > 1 and par.cp.method == "ring":
+        # ring attention keeps the all-gathered keys and values (whole sequence, repeated to n_heads) of
+        # every block for backward, and one query-chunk x key-chunk score block per cp rank's chunk
+        gathered = 2 * dims.q_width * tokens * degrees.cp
+        activations += int(flight * layers_per_stage * gathered * act_bytes)
 
     return activations
 
@@ -152,6 +158,7 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     units = _fsdp_units(plan, layout)
 
     mine, unit_elems = {}, {}
+    experts_held = 0     # expert-parallel expert weights: split over ep, outside FSDP (npudist.ep)
     for name, shape in layout.params.items():
         module = _module_of(name)
         where = stage_of_module(layout, module)
@@ -165,12 +172,15 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
         n = _numel(shape)
         if _tp_sharded(plan, layout, module):
             n = math.ceil(n / degrees.tp)
+        if degrees.ep > 1 and module in layout.experts:
+            experts_held += n // degrees.ep
+            continue
         mine[name] = n
         unit = next((u for u in units if module == u or module.startswith(u + ".")), "root")
         unit_elems[unit] = unit_elems.get(unit, 0) + n
     tp_local = sum(mine.values())
-    shard = degrees.dp_shard
-    held = sum(math.ceil(n / shard) for n in mine.values())
+    shard = degrees.dp_shard * degrees.cp     # FSDP shards over dp_shard x cp (npudist.mesh)
+    held = sum(math.ceil(n / shard) for n in mine.values()) + experts_held
     param_b = DTYPE_BYTES["float32"] * held
 
     gather = 0
@@ -186,7 +196,7 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
 
     act_bytes = DTYPE_BYTES[par.fsdp.param_dtype] if shard > 1 else 4
     microbatches = par.pp.resolved_microbatches(degrees.pp) if degrees.pp > 1 else 1
-    tokens = (d.micro_batch_size // max(1, microbatches)) * d.seq_len
+    tokens = (d.micro_batch_size // max(1, microbatches)) * d.seq_len // degrees.cp   # cp: a sequence shard
     notes = []
     dims = layout.dims
     if dims is None:

@@ -12,10 +12,24 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from npudist.models import get_model_spec
+
 from .convert import convert_dataclass, field_types
 from .errors import PlanError, suggest
-from .schema import Plan
+from .schema import ModelConfig, Plan
 from .validate import resolve_plan, validate_plan
+
+
+def model_config_class(data: dict) -> type:
+    """The dataclass of the ``model`` section: the config class of the model spec it names (its own fields,
+    e.g. ``n_experts`` for ``moe``), ``ModelConfig`` for the others and for an unknown name (reported by
+    validation)."""
+    section = data.get("model")
+    name = section.get("name", ModelConfig.name) if isinstance(section, dict) else ModelConfig.name
+    try:
+        return get_model_spec(name).config_cls or ModelConfig
+    except (ValueError, TypeError):
+        return ModelConfig
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -98,7 +112,7 @@ def apply_override(data: dict, key: str, raw: str, errors: list[str]) -> None:
     parts = key.split(".")
     cls, node = Plan, data
     for i, part in enumerate(parts):
-        types_ = field_types(cls)
+        types_ = {**field_types(cls), "model": model_config_class(data)} if cls is Plan else field_types(cls)
         path = ".".join(parts[: i + 1])
         if part not in types_:
             errors.append(f"{path}: unknown key in override --{key}{suggest(part, types_)}")
@@ -166,10 +180,12 @@ def load_plan(path_or_dict, overrides: Iterable[str] = (), world_size: int | Non
         raise TypeError(f"load_plan expects a path, a dict or a Plan, got {type(path_or_dict).__name__}")
 
     errors: list[str] = []
-    for key, raw in normalize_overrides(overrides):
+    # model.name first: it decides which keys the rest of the model section has.
+    pairs = sorted(normalize_overrides(overrides), key=lambda kv: kv[0] != "model.name")
+    for key, raw in pairs:
         apply_override(data, key, raw, errors)
     bad: set[str] = set()
-    plan = convert_dataclass(data, Plan, "", errors, bad)
+    plan = convert_dataclass(data, Plan, "", errors, bad, field_classes={"model": model_config_class(data)})
     errors += validate_plan(plan, world_size, skip=bad)
     if errors:
         raise PlanError(errors, source)

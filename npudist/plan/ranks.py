@@ -1,7 +1,7 @@
 """Rank layout of a plan, computed without torch.distributed (used by ``npudist plan check`` and by the
 pipeline builder, so both agree on who holds what).
 
-Ranks are laid out row-major over the mesh dims (pp, dp_replicate, dp_shard, tp) -- tp fastest, so tp
+Ranks are laid out row-major over the mesh dims (pp, dp_replicate, dp_shard, cp, tp) -- tp fastest, so tp
 peers are neighbouring ranks (on real hardware: the same node) -- exactly as ``init_device_mesh`` does.
 """
 from __future__ import annotations
@@ -32,8 +32,18 @@ def rank_of(degrees: ParallelDegrees, coords: dict[str, int]) -> int:
 
 
 def group_ranks(degrees: ParallelDegrees, dim: str, rank: int) -> list[int]:
-    """Ranks that share a process group with ``rank`` along ``dim`` (its peers, including itself)."""
+    """Ranks that share a process group with ``rank`` along ``dim`` (its peers, including itself). Besides
+    the mesh dims, ``ep`` (expert parallel: a block of dp_shard_in_ep consecutive dp_shard coordinates x
+    every cp coordinate, as npudist.mesh lays it out) and ``edp`` (the ranks holding the same experts)."""
     coords = rank_coordinates(degrees, rank)
+    if dim in ("ep", "edp"):
+        inner = degrees.dp_shard_in_ep
+        base, offset = divmod(coords["dp_shard"], inner)
+        if dim == "ep":
+            return sorted(rank_of(degrees, {**coords, "dp_shard": base * inner + j, "cp": c})
+                          for j in range(inner) for c in range(degrees.cp))
+        return sorted(rank_of(degrees, {**coords, "dp_replicate": r, "dp_shard": b * inner + offset})
+                      for r in range(degrees.dp_replicate) for b in range(degrees.dp_shard // inner))
     return [rank_of(degrees, {**coords, dim: i}) for i in range(getattr(degrees, dim))]
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
+# The model section's class lives with the model specs (a spec with fields of its own subclasses it).
+from npudist.models.config import ModelConfig
+
 TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "prepare_input"]
 PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -16,36 +19,6 @@ DType = Literal["float32", "bfloat16", "float16"]
 # Schedules that run several stages per rank (virtual_stages > 1), and the one that needs exactly two.
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble")
 V_SHAPED_SCHEDULES = ("ZBVZeroBubble",)
-
-
-@dataclass
-class ModelConfig:
-    """The one model config, for every model spec (``npudist.models``). ``name`` picks the spec: ``llama``
-    (the built-in decoder), ``hf_causal_lm`` (a HuggingFace decoder; the fields below map to its config,
-    ``hf_config`` adds any other config key), ``module`` (the user's nn.Module built by the function
-    ``module`` names), or any name registered with ``npudist.models.register_model_spec``."""
-    name: str = "llama"
-    vocab_size: int = 256          # byte-level tokenizer; may be padded above 256 (e.g. for TP divisibility)
-    dim: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: Optional[int] = None   # None = n_heads (plain multi-head attention)
-    ffn_hidden_dim: int = 384
-    max_seq_len: int = 256
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = False
-    hf_model_type: str = "llama"       # hf_causal_lm: the transformers model_type (llama, qwen2, mistral, ...)
-    hf_config: Optional[dict[str, Union[int, float, bool, str]]] = None   # hf_causal_lm: more config keys
-    module: Optional[str] = None       # name module: "package.module:function" returning the nn.Module
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
 
 
 @dataclass
@@ -168,24 +141,49 @@ class CompileConfig:
     backend: Literal["inductor", "aot_eager", "eager"] = "inductor"   # aot_eager/eager: debugging aids
 
 
+@dataclass
+class CPConfig:
+    """Context parallelism (``parallel.cp_degree`` > 1): every sequence is split over the cp ranks."""
+    # How attention sees the whole sequence: "ring" gathers the keys/values of the other cp ranks and merges
+    # per-chunk softmax results (online softmax); "ulysses" trades the sequence shard for a head shard with
+    # an all-to-all, runs ordinary attention on whole sequences, and trades back.
+    method: Literal["ring", "ulysses"] = "ring"
+    # Causal attention gives late tokens more work than early ones; load balancing gives cp rank r the
+    # sequence chunks r and 2*cp-1-r (of 2*cp equal chunks) so every rank attends over the same area.
+    load_balance: bool = True
+
+
 @dataclass(frozen=True)
 class ParallelDegrees:
-    """Concrete mesh sizes (no -1), in mesh order (pp, dp_replicate, dp_shard, tp)."""
+    """Concrete degrees (no -1). Mesh dims in mesh order (pp, dp_replicate, dp_shard, cp, tp); ``ep`` is no
+    dim of its own: as in torchtitan it borrows ranks from dp_shard x cp (see ``npudist.mesh``)."""
     pp: int
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 1
+    ep: int = 1
 
-    DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+    DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
         """Number of data-parallel ranks (replicas x shards): how many ways the batch is split."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_shard_in_ep(self) -> int:
+        """The part of dp_shard that expert parallelism borrows (the rest of ep comes from cp)."""
+        return self.ep // self.cp if self.ep > 1 else 1
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts (replicas that all-reduce expert gradients)."""
+        return self.dp_replicate * self.dp_shard * self.cp // self.ep
 
     def sizes(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.DIM_NAMES}
@@ -197,19 +195,27 @@ class ParallelDegrees:
 
 @dataclass
 class ParallelConfig:
-    dp_replicate_degree: int = 1
-    dp_shard_degree: int = -1              # -1 = whatever world size the other degrees leave
-    tp_degree: int = 1
-    pp_degree: int = 1
+    """The parallel layout. The degrees multiply to the world size:
+    pp x dp_replicate x dp_shard x cp x tp; ep_degree re-uses ranks of dp_shard x cp (it must divide that
+    product and be a multiple of cp_degree)."""
+    dp_replicate_degree: int = 1           # whole-model replicas (DDP; with dp_shard > 1: HSDP)
+    dp_shard_degree: int = -1              # FSDP2 shards; -1 = whatever world size the other degrees leave
+    tp_degree: int = 1                     # tensor parallel (Megatron column/row split of each block)
+    pp_degree: int = 1                     # pipeline stages
+    cp_degree: int = 1                     # context parallel: each sequence split over cp ranks (see cp)
+    ep_degree: int = 1                     # expert parallel: a model's experts split over ep ranks (MoE specs)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     tp: TPConfig = field(default_factory=TPConfig)
     pp: PPConfig = field(default_factory=PPConfig)
+    cp: CPConfig = field(default_factory=CPConfig)
     activation_checkpoint: ACConfig = field(default_factory=ACConfig)
+
+    DEGREES = ("dp_replicate_degree", "tp_degree", "pp_degree", "cp_degree", "ep_degree")
 
     def resolve(self, world_size: int) -> ParallelDegrees:
         """Fill dp_shard_degree=-1 from ``world_size``; ValueError if the degrees do not fit it."""
-        others = self.dp_replicate_degree * self.tp_degree * self.pp_degree
-        for name in ("dp_replicate_degree", "tp_degree", "pp_degree"):
+        others = self.dp_replicate_degree * self.tp_degree * self.pp_degree * self.cp_degree
+        for name in self.DEGREES:
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name}: must be >= 1, got {getattr(self, name)}")
         if world_size < 1:
@@ -219,7 +225,7 @@ class ParallelConfig:
             if world_size % others:
                 raise ValueError(
                     f"parallel.dp_shard_degree: -1 cannot be filled: world size {world_size} is not divisible "
-                    f"by dp_replicate_degree*tp_degree*pp_degree = {others}")
+                    f"by dp_replicate_degree*tp_degree*pp_degree*cp_degree = {others}")
             shard = world_size // others
         elif shard < 1:
             raise ValueError(f"parallel.dp_shard_degree: must be >= 1 or -1 (= the rest), got {shard}")
@@ -227,21 +233,29 @@ class ParallelConfig:
             # -1 is a fix only where it can be filled: the other degrees must divide the world size.
             fix = (f"set parallel.dp_shard_degree to -1 (= {world_size // others} here) or change the degrees"
                    if world_size % others == 0 else
-                   f"change the degrees: dp_replicate x tp x pp = {others} does not divide {world_size}, so "
-                   "dp_shard_degree -1 cannot fill it either")
+                   f"change the degrees: dp_replicate x tp x pp x cp = {others} does not divide {world_size}, "
+                   "so dp_shard_degree -1 cannot fill it either")
+            cp = f" x cp {self.cp_degree}" if self.cp_degree != 1 else ""
             raise ValueError(
                 f"parallel: degrees multiply to {shard * others} (dp_replicate {self.dp_replicate_degree} x "
-                f"dp_shard {shard} x tp {self.tp_degree} x pp {self.pp_degree}) but the world size is "
+                f"dp_shard {shard} x tp {self.tp_degree} x pp {self.pp_degree}{cp}) but the world size is "
                 f"{world_size}; {fix}")
+        ep, cp = self.ep_degree, self.cp_degree
+        if ep > 1 and ((shard * cp) % ep or ep % cp):
+            raise ValueError(
+                f"parallel.ep_degree: {ep} must divide dp_shard x cp = {shard} x {cp} = {shard * cp} and be a "
+                f"multiple of cp_degree {cp} (expert parallelism borrows its ranks from dp_shard x cp); "
+                f"use one of {[e for e in range(cp, shard * cp + 1, cp) if (shard * cp) % e == 0]}")
         return ParallelDegrees(pp=self.pp_degree, dp_replicate=self.dp_replicate_degree, dp_shard=shard,
-                               tp=self.tp_degree)
+                               tp=self.tp_degree, cp=cp, ep=ep)
 
     def degrees(self) -> ParallelDegrees:
         """Degrees of an already-resolved config (dp_shard_degree set)."""
         if self.dp_shard_degree == -1:
             raise ValueError("parallel.dp_shard_degree is -1: call resolve(world_size) or load_plan(..., "
                              "world_size=N) first")
-        return self.resolve(self.dp_shard_degree * self.dp_replicate_degree * self.tp_degree * self.pp_degree)
+        return self.resolve(self.dp_shard_degree * self.dp_replicate_degree * self.tp_degree * self.pp_degree
+                            * self.cp_degree)
 
 
 @dataclass
@@ -263,6 +277,6 @@ class Plan:
 __all__ = [
     "Plan", "ModelConfig", "DataConfig", "OptimizerConfig", "ScheduleConfig", "TrainingConfig",
     "LoggingConfig", "CheckpointConfig", "CompileConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig",
-    "ACConfig", "ParallelDegrees",
+    "ACConfig", "CPConfig", "ParallelDegrees",
     "MULTI_STAGE_SCHEDULES", "V_SHAPED_SCHEDULES",
 ]

@@ -111,7 +111,7 @@ def _check_degrees(c: _Checks, p: Plan, world_size: int | None):
     """Resolved ParallelDegrees, or None if the degrees are wrong or the world size is unknown."""
     par = p.parallel
     bad = False
-    for name in ("dp_replicate_degree", "tp_degree", "pp_degree"):
+    for name in par.DEGREES:
         if getattr(par, name) < 1:
             c.fail(f"parallel.{name}", f"must be >= 1, got {getattr(par, name)}")
             bad = True
@@ -121,13 +121,13 @@ def _check_degrees(c: _Checks, p: Plan, world_size: int | None):
     if world_size is not None and world_size < 1:
         c.errors.append(f"world_size: must be >= 1, got {world_size}")
         bad = True
-    if bad or not c.ok("parallel.dp_replicate_degree", "parallel.dp_shard_degree", "parallel.tp_degree",
-                       "parallel.pp_degree"):
+    if bad or not c.ok("parallel.dp_shard_degree", *(f"parallel.{n}" for n in par.DEGREES)):
         return None
     if world_size is None:
         if par.dp_shard_degree == -1:
             return None   # world-size dependent rules wait for load_plan(..., world_size=N)
-        world_size = par.dp_shard_degree * par.dp_replicate_degree * par.tp_degree * par.pp_degree
+        world_size = (par.dp_shard_degree * par.dp_replicate_degree * par.tp_degree * par.pp_degree
+                      * par.cp_degree)
     try:
         return par.resolve(world_size)
     except ValueError as e:
@@ -277,6 +277,49 @@ def _check_data(c: _Checks, p: Plan, dp: int | None) -> None:
                "parallel.dp_shard_degree", "parallel.dp_replicate_degree")
 
 
+def _check_cp(c: _Checks, p: Plan, layout, cp: int) -> None:
+    """Context parallel: the model must support it and every sequence must split evenly."""
+    if cp <= 1:
+        return
+    par, m = p.parallel, p.model
+    reads = ("parallel.cp_degree",)
+    if layout is not None and not get_model_spec(m.name).supports_context_parallel:
+        c.fail("parallel.cp_degree", f"the {m.name} model does not support context parallelism (its spec has "
+               "no sharded-sequence attention); set parallel.cp_degree: 1 or use model.name llama or moe")
+    chunks = 2 * cp if par.cp.load_balance else cp
+    if p.data.seq_len % chunks:
+        how = (f"2 x parallel.cp_degree = {chunks} (load-balanced causal sharding cuts it into 2 x cp chunks)"
+               if par.cp.load_balance else f"parallel.cp_degree = {cp}")
+        c.fail("data.seq_len", f"{p.data.seq_len} is not divisible by {how}; use a multiple of {chunks}",
+               *reads, "parallel.cp.load_balance")
+    if par.pp_degree > 1:
+        c.fail("parallel.cp_degree", "context parallelism with pipeline parallelism (pp_degree > 1) is not "
+               "supported yet; set one of them to 1", "parallel.pp_degree")
+    if par.tp_degree > 1:
+        c.fail("parallel.cp_degree", "context parallelism with tensor parallelism (tp_degree > 1) is not "
+               "supported yet; set one of them to 1", "parallel.tp_degree")
+    if par.cp.method == "ulysses" and layout is not None and c.model_ok():
+        # k and v are repeated to n_heads before attention, so only the query heads must divide.
+        if m.n_heads % cp:
+            c.fail("model.n_heads", f"{m.n_heads} heads cannot be split over parallel.cp_degree={cp} (Ulysses "
+                   "gives each cp rank whole heads); use parallel.cp.method ring or a divisible head count",
+                   *reads, "parallel.cp.method")
+
+
+def _check_ep(c: _Checks, p: Plan, layout, ep: int) -> None:
+    """Expert parallel: the model must have experts, and they must split evenly over the ep ranks."""
+    if ep <= 1 or layout is None:
+        return
+    spec = get_model_spec(p.model.name)
+    experts = spec.experts(p.model) if spec.experts is not None else 0
+    if not experts:
+        c.fail("parallel.ep_degree", f"the {p.model.name} model has no experts to split; set "
+               "parallel.ep_degree: 1 or use a mixture-of-experts model (model.name: moe)")
+    elif experts % ep:
+        c.fail("parallel.ep_degree", f"the model's {experts} experts cannot be split evenly over {ep} ep ranks; "
+               f"use an ep_degree dividing {experts} or change model.n_experts", "model.n_experts")
+
+
 def _check_fsdp_ac(c: _Checks, p: Plan, layout) -> None:
     for i, pattern in enumerate(p.parallel.fsdp.wrap or ()):
         _check_pattern_hits(c, p, layout, f"parallel.fsdp.wrap[{i}]", pattern)
@@ -324,6 +367,8 @@ def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | No
     par = plan.parallel
     _check_tp(c, plan, layout, par.tp_degree if par.tp_degree >= 1 else 1)
     _check_pp(c, plan, layout, par.pp_degree if par.pp_degree >= 1 else 1)
+    _check_cp(c, plan, layout, par.cp_degree)
+    _check_ep(c, plan, layout, par.ep_degree)
     _check_data(c, plan, degrees.dp if degrees else None)
     _check_compile(c, plan, layout)
     return c.errors

@@ -62,13 +62,23 @@ class MetricsLogger:
             os.makedirs(os.path.dirname(os.path.abspath(logging_cfg.metrics_path)), exist_ok=True)
             self._file = open(logging_cfg.metrics_path, "a", encoding="utf-8")
 
-    def log(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float) -> dict:
+    def log(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float,
+            expert_load: list[int] | None = None) -> dict:
+        """``expert_load``: routed token slots per expert in this step (MoE models), summed over the MoE layers
+        and all ranks; logged as ``expert_load`` and, on the console, as the least/most loaded expert's share
+        of the mean (1.00/1.00 = perfectly balanced)."""
         mem, peak, mem_kind = memory_in_use(self.device)
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": step * self.tokens_per_step,
                   "tokens_per_s": self.tokens_per_step / step_time if step_time > 0 else 0.0,
                   "step_time_s": step_time, "elapsed_s": time.perf_counter() - self.start,
                   "memory_bytes": mem, "memory_peak_bytes": peak, "memory_kind": mem_kind}
+        balance = ""
+        if expert_load:
+            record["expert_load"] = expert_load
+            mean = sum(expert_load) / len(expert_load)
+            if mean > 0:
+                balance = f" | experts min/max {min(expert_load) / mean:.2f}/{max(expert_load) / mean:.2f} of mean"
         if not self.enabled:
             return record
         if self._file is not None:
@@ -81,7 +91,7 @@ class MetricsLogger:
             line = (f"{bar}step {step:>{len(str(self.total))}}/{self.total} | loss {loss:.4f} | "
                     f"tok/s {record['tokens_per_s']:,.0f} | mem({mem_kind}) {mem / 2**20:,.1f} MiB "
                     f"peak {peak / 2**20:,.1f} MiB | "
-                    f"lr {lr:.2e} | gnorm {grad_norm:.3f} | {step_time:.2f} s/step | "
+                    f"lr {lr:.2e} | gnorm {grad_norm:.3f}{balance} | {step_time:.2f} s/step | "
                     f"{format_seconds(record['elapsed_s'])} elapsed, eta {format_seconds(eta)}")
             print(line, file=self.stream, flush=True)
         return record

@@ -2,8 +2,9 @@
 pipeline schedule under PP), gradient averaging, global-norm clipping, optimizer and LR step.
 
 The returned loss is the global mean over every token of the step: pipeline losses exist only on the last
-stage and tensor-parallel ranks hold identical copies, so one world all-reduce of (loss on last-stage ranks,
-0 elsewhere) divided by dp x tp (= world / pp) gives it on every rank.
+stage, tensor-parallel ranks hold identical copies and context-parallel ranks means over equal shares of the
+same sequences, so one world all-reduce of (loss on last-stage ranks, 0 elsewhere) divided by dp x cp x tp
+(= world / pp) gives it on every rank.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class NonFiniteLossError(RuntimeError):
 
 def forward_backward(pm, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
     """Run one micro-step; returns this rank's detached mean loss, or None on a non-last pipeline rank."""
+    inputs, labels = pm.shard_batch(inputs, labels)
     inputs = inputs.to(pm.device, non_blocking=True)
     labels = labels.to(pm.device, non_blocking=True)
     with pm.loss_context():
@@ -68,6 +70,7 @@ def train_step(pm, optimizer, lr_scheduler, micro_batches, max_grad_norm: float 
     """
     optimizer.zero_grad(set_to_none=True)
     local = [forward_backward(pm, x, y) for x, y in micro_batches]
+    pm.finish_grads()
     accum = len(micro_batches)
     local_mean = torch.stack(local).mean() if local[0] is not None else None
     loss = reduce_loss(pm, local_mean)

@@ -61,6 +61,19 @@ def _quiet_known_warnings() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
+def expert_load(pm) -> list[int] | None:
+    """Routed token slots per expert in the last step, summed over the MoE layers and every rank (None for a
+    model without experts). A collective when the model has experts."""
+    from npudist.models.moe import take_expert_load
+    loads = [row for part in pm.parts for row in take_expert_load(part).values()]
+    if not loads:
+        return None
+    total = torch.tensor(loads, dtype=torch.float64).sum(0).to(pm.device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)   # every rank routes its own tokens (the moe model has no tp or pp copies)
+    return [int(x) for x in total.tolist()]
+
+
 def run(plan, log_stream=None) -> RunResult:
     """Train per ``plan`` (validated for this world size). Raises ``NonFiniteLossError`` on a NaN/inf loss."""
     _quiet_known_warnings()
@@ -126,7 +139,7 @@ def train(plan, log_stream=None) -> RunResult:
             dt = time.perf_counter() - t0
             losses.append(loss)
             rates.append(tokens_per_step / dt)
-            logger.log(step, loss, lr, grad_norm, dt)
+            logger.log(step, loss, lr, grad_norm, dt, expert_load=expert_load(pm))
             if step == start + 1 and pm.compiled:
                 logger.message(describe_compiled(pm.compiled, plan.compile))
             ckpt.maybe_save(step)

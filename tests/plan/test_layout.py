@@ -32,7 +32,7 @@ def test_coordinates_round_trip_and_groups():
     d = ParallelDegrees(pp=2, dp_replicate=1, dp_shard=2, tp=2)
     for rank in range(8):
         assert rank_of(d, rank_coordinates(d, rank)) == rank
-    assert rank_coordinates(d, 5) == {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    assert rank_coordinates(d, 5) == {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 1}
     assert group_ranks(d, "tp", 5) == [4, 5]
     assert group_ranks(d, "dp_shard", 5) == [5, 7]
     assert group_ranks(d, "pp", 5) == [1, 5]

@@ -24,7 +24,7 @@ def _check_mesh(rank, world, degrees, device_type):
     coords = {n: M.dim_rank(mesh, n) for n in M.MESH_DIM_NAMES}
     sizes = {n: M.dim_size(mesh, n) for n in M.MESH_DIM_NAMES}
     peers = {}
-    for name in M.MESH_DIM_NAMES + (M.DP_DIM,):
+    for name in M.MESH_DIM_NAMES + (M.DP_DIM, "ep", "edp"):
         sub = M.get_submesh(mesh, name)
         if sub is None:
             peers[name] = None
@@ -60,6 +60,14 @@ CASES = [
     (ParallelDegrees(pp=2, dp_replicate=1, dp_shard=2, tp=1), ("pp", "dp_shard"), 2),
     # the flattened dp dim spans the whole world, so it reuses the default group
     (ParallelDegrees(pp=1, dp_replicate=2, dp_shard=2, tp=1), ("dp_replicate", "dp_shard"), 2),
+    # context parallel: FSDP shards over dp_shard x cp (flattened: the whole world)
+    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=2, tp=1, cp=2), ("dp_shard", "cp"), 2),
+    # expert parallel borrows half of dp_shard: dp_shard splits into dp_shard_mod_ep x dp_shard_in_ep
+    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=4, tp=1, ep=2), ("dp_shard_mod_ep", "dp_shard_in_ep"), 2),
+    # ep = cp: the experts are split over the cp ranks, replicated over dp_shard
+    (ParallelDegrees(pp=1, dp_replicate=1, dp_shard=2, tp=1, cp=2, ep=2), ("dp_shard_mod_ep", "cp"), 2),
+    # HSDP x cp: a 2-D FSDP mesh (dp_replicate, cp)
+    (ParallelDegrees(pp=1, dp_replicate=2, dp_shard=1, tp=1, cp=2), ("dp_replicate", "cp"), 2),
 ]
 
 
@@ -84,17 +92,21 @@ def test_mesh(case, mesh_results):
         expected = rank_coordinates(degrees, rank)
         assert r["coords"] == expected
         assert r["sizes"] == degrees.sizes()
-        for name in ("pp", "dp_replicate", "dp_shard", "tp"):
+        for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp"):
             if getattr(degrees, name) > 1:
                 assert r["peers"][name] == group_ranks(degrees, name, rank)
             else:
                 assert r["peers"][name] is None
+        for name, size in (("ep", degrees.ep), ("edp", degrees.expert_dp if degrees.ep > 1 else 1)):
+            assert r["peers"][name] == (group_ranks(degrees, name, rank) if size > 1 else None), name
         dp_peers = sorted({p for q in group_ranks(degrees, "dp_replicate", rank)
                            for p in group_ranks(degrees, "dp_shard", q)})
         assert r["peers"]["dp"] == (dp_peers if degrees.dp > 1 else None)
         assert r["dp_rank"] == expected["dp_replicate"] * degrees.dp_shard + expected["dp_shard"]
-        assert r["fsdp"] == ({(True, True): ("dp_replicate", "dp_shard"), (False, True): ("dp_shard",)}
-                             .get((degrees.dp_replicate > 1, degrees.dp_shard > 1)))
+        shard_dims = tuple(n for n in r["names"] if n.startswith("dp_shard") or n == "cp")   # dp_shard x cp
+        shard = ("dp_shard_cp",) if len(shard_dims) > 1 else shard_dims
+        assert r["fsdp"] == ((("dp_replicate",) if degrees.dp_replicate > 1 else ()) + shard
+                             if degrees.dp_shard * degrees.cp > 1 else None)
 
 
 def test_mesh_rejects_wrong_world(mesh_results):

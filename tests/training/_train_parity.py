@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from npudist.data import TextDataset
-from npudist.models import build_model, model_layout
-from npudist.plan import (ACConfig, DataConfig, FSDPConfig, ModelConfig, OptimizerConfig, ParallelConfig,
+from npudist.models import build_model, get_model_spec, model_layout
+from npudist.plan import (ACConfig, CPConfig, DataConfig, FSDPConfig, ModelConfig, OptimizerConfig, ParallelConfig,
                           Plan, PPConfig, ScheduleConfig, TPConfig, TrainingConfig)
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 
@@ -20,21 +20,23 @@ MICRO_GLOBAL = 4   # sequences per micro-step summed over dp ranks -> 2 accumula
 
 def make_plan(corpus: str, device: str, dp_shard=1, dp_replicate=1, tp=1, pp=1, schedule="1F1B", virtual=1, tied=False,
               sequence_parallel=False, loss_parallel=False, ac="none", ac_policy="layer", microbatches=2,
-              tp_plan=None, cpu_offload=False, model=None, wrap=None) -> Plan:
-    """``model``: ModelConfig fields over the tiny default (e.g. another model spec)."""
+              tp_plan=None, cpu_offload=False, model=None, wrap=None, cp=1, ep=1, cp_method="ring") -> Plan:
+    """``model``: fields over the tiny default (e.g. another model spec, with that spec's config class)."""
     dp = dp_shard * dp_replicate
     model_fields = dict(vocab_size=256, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
                         max_seq_len=32, tie_embeddings=tied)
     model_fields.update(model or {})
+    config_cls = get_model_spec(model_fields.get("name", "llama")).config_cls or ModelConfig
     return Plan(
-        model=ModelConfig(**model_fields),
+        model=config_cls(**model_fields),
         data=DataConfig(path=corpus, seq_len=16, global_batch_size=GLOBAL_BATCH,
                         micro_batch_size=MICRO_GLOBAL // dp, seed=3),
         optimizer=OptimizerConfig(lr=2e-3, weight_decay=0.1),
         schedule=ScheduleConfig(warmup_steps=2, decay="cosine", min_lr_ratio=0.1),
         training=TrainingConfig(steps=STEPS, seed=7, max_grad_norm=0.5, device=device),
         parallel=ParallelConfig(dp_replicate_degree=dp_replicate, dp_shard_degree=dp_shard, tp_degree=tp,
-                                pp_degree=pp, fsdp=FSDPConfig(cpu_offload=cpu_offload, wrap=wrap),
+                                pp_degree=pp, cp_degree=cp, ep_degree=ep, cp=CPConfig(method=cp_method),
+                                fsdp=FSDPConfig(cpu_offload=cpu_offload, wrap=wrap),
                                 tp=TPConfig(plan=tp_plan, sequence_parallel=sequence_parallel,
                                             loss_parallel=loss_parallel),
                                 pp=PPConfig(schedule=schedule, microbatches=microbatches, virtual_stages=virtual),

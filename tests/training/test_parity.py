@@ -18,6 +18,9 @@ from npudist.data import default_corpus_path
 
 DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "npu")   # npu -> hccl; cpu -> gloo
 
+# A small mixture-of-experts decoder (npudist.models.moe): 4 experts, top-2, one shared expert, balance loss.
+MOE = dict(name="moe", n_experts=4, top_k=2, moe_hidden_dim=32, n_dense_layers=1)
+
 LAYOUTS = {
     "fsdp2": (2, dict(dp_shard=2, ac="full")),
     # TP from a plan's module-name patterns (not the built-in plan), logits kept vocab-sharded into the loss.
@@ -39,6 +42,15 @@ LAYOUTS = {
     # 3-D (pp x dp_shard x tp) needs 8 ranks: more than the suite starts on a 2-core machine, so it runs only
     # when NPUDIST_TEST_MAX_RANKS >= 8 (measured 2026-12-02: passes in 21 s on 2 idle cores).
     "pp2_fsdp2_tp2": (8, dict(pp=2, dp_shard=2, tp=2, schedule="1F1B", sequence_parallel=True)),
+    # Context parallel: each sequence split over 2 ranks (load-balanced), attention by ring or Ulysses.
+    "cp2_ring": (2, dict(cp=2, cp_method="ring")),
+    "cp2_ulysses": (2, dict(cp=2, cp_method="ulysses")),
+    "cp2_fsdp2": (4, dict(cp=2, dp_shard=2, cp_method="ring")),
+    # Expert parallel on the MoE model: experts split over ep (borrowed from dp_shard), tokens by all-to-all.
+    "ep2": (2, dict(dp_shard=2, ep=2, model=MOE)),
+    "ep2_fsdp2": (4, dict(dp_shard=4, ep=2, model=MOE)),
+    # Both on one sequence: ep borrows the cp ranks; the balance loss sums its statistics over cp.
+    "cp2_ep2": (2, dict(cp=2, ep=2, cp_method="ulysses", model=MOE)),
 }
 MAX_RANKS = int(os.environ.get("NPUDIST_TEST_MAX_RANKS", "4"))
 
@@ -57,9 +69,9 @@ def test_parity(layout, corpus, tmp_path):
     if world > MAX_RANKS:
         pytest.skip(f"{world} ranks > NPUDIST_TEST_MAX_RANKS={MAX_RANKS} (set it to {world} to run this layout)")
     plan = make_plan(corpus, DEVICE, **kw)
-    key = kw.get("tied", False)
+    key = (kw.get("tied", False), repr(kw.get("model")))
     if key not in _REFS:
-        _REFS[key] = reference_run(make_plan(corpus, "cpu", tied=key))
+        _REFS[key] = reference_run(make_plan(corpus, "cpu", tied=key[0], model=kw.get("model")))
     ref = _REFS[key]
     out = str(tmp_path / "result")
     run_ranks(parallel_worker, world, (plan, out), str(tmp_path), timeout=170)
