@@ -62,6 +62,10 @@ NpudistUsageRecord* record_locked() {
   std::memset(r, 0, sizeof(*r));
   r->version = NPUDIST_USAGE_VERSION;
   r->pid = static_cast<int32_t>(getpid());
+  for (int d = 0; d < device_count(); ++d) {
+    const int phys = physical_device(d);
+    if (phys >= 0 && phys < kMaxDevices) r->capacity_bytes[phys] = device_capacity(d);
+  }
   std::atexit(&remove_record);
   std::memcpy(r->magic, NPUDIST_USAGE_MAGIC, sizeof(r->magic));  // last: a reader sees a complete header
   g_record = r;

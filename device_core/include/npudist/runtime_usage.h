@@ -16,4 +16,6 @@ typedef struct NpudistUsageRecord {
   // Device memory the process holds on each *physical* device (index before ASCEND_RT_VISIBLE_DEVICES
   // renumbering): the caching allocator's segments and aclrtMalloc blocks, updated atomically.
   uint64_t used_bytes[64];
+  // Capacity of each physical device the process sees (NPUDIST_DEVICE_MEMORY in its environment); 0 = not visible.
+  uint64_t capacity_bytes[64];
 } NpudistUsageRecord;
