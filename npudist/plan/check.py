@@ -8,7 +8,7 @@ from .ranks import MESH_DIM_NAMES, group_ranks, stage_layer_ranges
 
 from npudist.models import get_model_spec, model_layout
 
-from .estimate import RankEstimate, estimate_all
+from .estimate import RankEstimate, estimate_all, estimate_rank
 from .loader import load_plan
 from .schema import ParallelDegrees, Plan
 
@@ -88,6 +88,9 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
         lines.append(f"context   cp={degrees.cp} {cp.method}, {d.seq_len // degrees.cp} of {d.seq_len} tokens of "
                      f"every sequence per rank" + (" (chunks r and 2cp-1-r: load-balanced causal)"
                                                    if cp.load_balance else ""))
+        act = estimate_rank(plan, degrees, 0).activation_bytes
+        alone = estimate_rank(plan, dataclasses.replace(degrees, cp=1, ep=1), 0).activation_bytes
+        lines.append(f"          activations of rank 0: {format_bytes(act)} (without cp: {format_bytes(alone)})")
     spec = get_model_spec(m.name)
     if spec.experts is not None:
         n_exp = spec.experts(m)

@@ -108,6 +108,7 @@ def test_check_report_and_memory_estimate():
     assert "  ep            groups [0,1] [2,3]   (borrowed from dp_shard x cp)" in text
     assert "  edp           groups [0,2] [1,3]" in text
     assert "context   cp=2 ring, 32 of 64 tokens of every sequence per rank" in text
+    assert "          activations of rank 0: " in text and "(without cp: " in text
     assert "experts   4 routed per MoE layer; 2 per rank (ep=2)" in text
 
     def estimate(parallel, world):

@@ -3,20 +3,13 @@ a source and a destination layout (saving at step 2), then resume each source la
 destination layout. Rank 0 writes the losses as JSON."""
 from __future__ import annotations
 
-import io
-import json
 import os
-import shutil
 
-import torch
-import torch.distributed as dist
-
+from _resume_layouts import SAVED_STEP, STEPS, copy_save, run_resumes
 from npudist.models import MoEConfig
 from npudist.plan import (CheckpointConfig, CPConfig, DataConfig, LoggingConfig, ModelConfig, OptimizerConfig,
                           ParallelConfig, Plan, ScheduleConfig, TrainingConfig)
 
-STEPS = 4
-SAVED_STEP = 2
 MOE = dict(n_experts=4, top_k=2, moe_hidden_dim=32, n_dense_layers=1)
 # name -> (model is moe, parallel degrees)
 LAYOUTS = {
@@ -46,29 +39,14 @@ def make_plan(corpus: str, device: str, layout: str, folder: str, load_step: int
 
 
 def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str) -> None:
-    from npudist.train.trainer import train
-
-    if device == "npu":
-        import npudist  # noqa: F401  (registers the npu device and the hccl backend)
-        torch.npu.set_device(rank)
-    dist.init_process_group("hccl" if device == "npu" else "gloo", rank=rank, world_size=world)
-    try:
-        quiet = io.StringIO()
-        result = {"uninterrupted": {}, "resumed": {}}
+    def body(train, quiet, result):
         for layout in LAYOUTS:
             plan = make_plan(corpus, device, layout, os.path.join(base, layout), load_step=0)
             result["uninterrupted"][layout] = train(plan, quiet).losses
         for src, dst in RESUMES:
             folder = os.path.join(base, f"{src}-to-{dst}")
-            if rank == 0:
-                shutil.copytree(os.path.join(base, src, f"step-{SAVED_STEP}"),
-                                os.path.join(folder, f"step-{SAVED_STEP}"))
-            dist.barrier()
+            copy_save(os.path.join(base, src), folder)
             res = train(make_plan(corpus, device, dst, folder, load_step=SAVED_STEP), quiet)
             result["resumed"][f"{src}->{dst}"] = res.losses
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump(result, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+
+    run_resumes(rank, world, device, out, body)

@@ -44,14 +44,16 @@ def make_plan(corpus: str, device: str, layout: str, folder: str, load_step: int
     )
 
 
-def _copy_save(src: str, dst: str) -> None:
+def copy_save(src: str, dst: str) -> None:
     """A fresh folder holding only ``src``'s step-2 save (each resume saves step 4 into its own folder)."""
     if dist.get_rank() == 0:
         shutil.copytree(os.path.join(src, f"step-{SAVED_STEP}"), os.path.join(dst, f"step-{SAVED_STEP}"))
     dist.barrier()
 
 
-def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str) -> None:
+def run_resumes(rank: int, world: int, device: str, out: str, body) -> None:
+    """In a fresh process group (npu + hccl or cpu + gloo): ``body(train, quiet)`` fills a result dict with
+    ``uninterrupted`` and ``resumed`` losses, which rank 0 writes to ``out`` as JSON."""
     from npudist.train.trainer import train
 
     if device == "npu":
@@ -59,8 +61,18 @@ def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str)
         torch.npu.set_device(rank)
     dist.init_process_group("hccl" if device == "npu" else "gloo", rank=rank, world_size=world)
     try:
-        quiet = io.StringIO()
         result = {"uninterrupted": {}, "resumed": {}}
+        body(train, io.StringIO(), result)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(result, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str) -> None:
+    def body(train, quiet, result):
         for layout in LAYOUTS:
             plan = make_plan(corpus, device, layout, os.path.join(base, layout), load_step=0)
             result["uninterrupted"][layout] = train(plan, quiet).losses
@@ -70,7 +82,7 @@ def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str)
             folder = os.path.join(base, f"{src}-to-{dst}")
             if src in EXTRA:
                 train(make_plan(corpus, device, src, os.path.join(base, src), load_step=0), quiet)
-            _copy_save(os.path.join(base, src), folder)
+            copy_save(os.path.join(base, src), folder)
             res = train(make_plan(corpus, device, dst, folder, load_step=SAVED_STEP), quiet)
             result["resumed"][f"{src}->{dst}"] = res.losses
         try:
@@ -79,9 +91,5 @@ def worker(rank: int, world: int, corpus: str, device: str, base: str, out: str)
             result["refused"] = None
         except ValueError as e:
             result["refused"] = str(e)
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump(result, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+
+    run_resumes(rank, world, device, out, body)

@@ -3,7 +3,7 @@
 * Layout changes (in one spawned 2-rank process group, to keep CI time small): a save under FSDP x2, TP x2
   or PP x2 resumes under each other one (and an interleaved pipeline's save under FSDP), and the resumed
   steps' losses equal the uninterrupted run's; a resume with another global batch size is refused, naming
-  both.
+  both. Likewise across context- and expert-parallel layouts (one 4-rank group).
 * Through examples/train.py under npurun: a rank killed in the middle of a save leaves the previous save as
   the one resumed, and the resumed run continues with the killed run's losses.
 """
@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from _resume_cp_ep import RESUMES as CP_EP_RESUMES, worker as cp_ep_worker
 from _resume_layouts import LAYOUTS, SAVED_STEP, STEPS, worker
 from _train_spawn import run_ranks
 from npudist.data import default_corpus_path
@@ -30,15 +31,21 @@ def _close(got: float, want: float, rtol: float) -> bool:
     return abs(got - want) <= rtol * abs(want)
 
 
+def _resume_results(tmp_path, layouts_worker, world: int) -> dict:
+    """Run a resume worker (_resume_layouts / _resume_cp_ep) on ``world`` ranks; its JSON result."""
+    corpus = default_corpus_path(cache_dir=str(tmp_path / "cache"))
+    out = tmp_path / "result.json"
+    run_ranks(layouts_worker, world, (corpus, DEVICE, str(tmp_path / "ck"), str(out)), str(tmp_path), timeout=450)
+    res = json.loads(out.read_text())
+    assert all(len(v) == STEPS for v in res["uninterrupted"].values()), res["uninterrupted"]
+    return res
+
+
 # About 40 s on an idle 2-core machine; the generous bound is for a machine shared with other jobs.
 @pytest.mark.timeout(480)
 def test_resume_under_every_layout_matches_uninterrupted_run(tmp_path):
-    corpus = default_corpus_path(cache_dir=str(tmp_path / "cache"))
-    out = tmp_path / "result.json"
-    run_ranks(worker, 2, (corpus, DEVICE, str(tmp_path / "ck"), str(out)), str(tmp_path), timeout=450)
-    res = json.loads(out.read_text())
+    res = _resume_results(tmp_path, worker, 2)
     full = res["uninterrupted"]
-    assert all(len(v) == STEPS for v in full.values()), full
     for layout, losses in full.items():   # the layouts themselves agree (as in the parity tests)
         assert all(_close(a, b, CROSS_RTOL) for a, b in zip(losses, full["fsdp"])), (layout, losses, full["fsdp"])
     assert full["fsdp"][-1] < full["fsdp"][0]
@@ -51,6 +58,21 @@ def test_resume_under_every_layout_matches_uninterrupted_run(tmp_path):
     refused = res["refused"]
     assert refused is not None, "a resume with another global batch size must be refused"
     assert "global_batch_size 8 -> 16" in refused and "step-2" in refused, refused
+
+
+# Context and expert parallel: a save at ep2 x fsdp2 (experts split over ep, outside FSDP) resumes at
+# ep1 x fsdp4, a save at cp2 x fsdp2 at cp1 x fsdp4 (4 ranks).
+@pytest.mark.timeout(480)
+def test_resume_across_cp_and_ep_layouts(tmp_path):
+    res = _resume_results(tmp_path, cp_ep_worker, 4)
+    full = res["uninterrupted"]
+    for src, dst in CP_EP_RESUMES:
+        # source and destination layouts train alike, and the resume continues the uninterrupted run
+        assert all(_close(a, b, CROSS_RTOL) for a, b in zip(full[src], full[dst])), (src, dst, full)
+        got, want = res["resumed"][f"{src}->{dst}"], full[src][SAVED_STEP:]
+        assert len(got) == STEPS - SAVED_STEP and all(_close(g, w, CROSS_RTOL) for g, w in zip(got, want)), \
+            (src, dst, got, want)
+    assert full["ep2_fsdp2"][-1] < full["ep2_fsdp2"][0]
 
 
 def _losses(path):
