@@ -435,6 +435,10 @@ class Fallback {
       launch::drain(device_);
       std::optional<torch::jit::Stack> call_args;  // for out_form_agrees: run_now replaces them by the returns
       if (inferred && inferred->out_op) call_args.emplace(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
+      // What a kernel may change on its arguments besides their bytes, which a queued run could not carry over
+      // (it learns them only when it ran): a lazy conj/neg bit the CPU kernel flipped, e.g. linalg_lu_solve.out.
+      std::vector<int> bits;
+      for (const at::Tensor& t : npu_args) bits.push_back(t.is_conj() * 2 + t.is_neg());
       bool warned;
       {
         WarningProbe probe(/*forward=*/true);
@@ -442,7 +446,9 @@ class Fallback {
         warned = probe.warned();
       }
       if (!cacheable) return true;
-      std::shared_ptr<const Inferred> checked = warned ? not_queueable() : verify(inferred, npu_args);
+      bool bits_changed = false;
+      for (size_t i = 0; i < npu_args.size(); ++i) bits_changed |= bits[i] != npu_args[i].is_conj() * 2 + npu_args[i].is_neg();
+      std::shared_ptr<const Inferred> checked = warned || bits_changed ? not_queueable() : verify(inferred, npu_args);
       if (checked->out_op) {
         std::vector<at::Tensor> results;
         for (size_t i = stack_->size() - checked->outs.size(); i < stack_->size(); ++i) results.push_back((*stack_)[i].toTensor());
@@ -586,8 +592,9 @@ class Fallback {
     }
     for (const MetaArg& m : metas_) {
       if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
-          m.meta.storage_offset() != m.orig.storage_offset()) {
-        return inf;  // the op resizes/restrides an argument (e.g. an empty out=): synchronous
+          m.meta.storage_offset() != m.orig.storage_offset() || m.meta.is_conj() != m.orig.is_conj() ||
+          m.meta.is_neg() != m.orig.is_neg()) {
+        return inf;  // the op changes an argument's geometry or conj/neg bit (e.g. an empty out=): synchronous
       }
     }
     bool any_view = false, any_new = false, lists = false;
@@ -960,6 +967,10 @@ class Fallback {
           a.cpu.storage_offset() != a.orig.storage_offset()) {
         impl->set_sizes_and_strides(a.cpu.sizes(), a.cpu.strides(), a.cpu.storage_offset());
       }
+      // A kernel may also flip the lazy conj/neg bit of its output (linalg_lu_solve.out with left=False
+      // conjugate-transposes `out` in place and marks it conjugated): the npu tensor must say the same.
+      if (a.cpu.is_conj() != a.orig.is_conj()) impl->_set_conj(a.cpu.is_conj());
+      if (a.cpu.is_neg() != a.orig.is_neg()) impl->_set_neg(a.cpu.is_neg());
     }
   }
 
@@ -1044,6 +1055,29 @@ size_t register_cpu_kernel_redirects() {
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
       ++n;
     }
+  }
+  // In-place ops with only a CompositeExplicitAutograd kernel (conj_physical_, logical_not_, the _foreach_*_
+  // family, ...): some of those kernels call a CPU DispatchStub directly, which on an npu tensor fails with
+  // "DispatchStub: missing kernel for npu". Run them as one CPU kernel on the aliases instead, like every
+  // other op (one queued kernel for a whole _foreach_ list, too). Not the in-place view ops (squeeze_, t_,
+  // ...: metadata only, their composite kernels are right on npu), nor copy_ (npu's own copy path) and
+  // index_put_ (its _index_put_impl_ is redirected above).
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0 || name.name.back() != '_' || name.name == "aten::copy_" ||
+        name.name == "aten::index_put_") {
+      continue;
+    }
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasSchema() || op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) || op->hasTag(at::Tag::inplace_view)) {
+      continue;
+    }
+    const auto& args = op->schema().arguments();
+    if (args.empty() || !args[0].alias_info() || !args[0].alias_info()->isWrite()) continue;
+    std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+    ++n;
   }
   // Composite ops that choose a backend by device: on PrivateUse1, _convolution and convolution_backward
   // pick ConvBackend::Overrideable (convolution_overrideable, which nobody implements). Running their

@@ -98,3 +98,34 @@ def test_a_queued_kernel_warning_reaches_python():
         caught = json.loads(proc.stdout.strip().splitlines()[-1])
         assert len(caught) == 1 and "discards the imaginary part" in caught[0], (env, caught)
         assert "Warning" not in proc.stderr, (env, proc.stderr)
+
+
+def test_inplace_composite_ops_run_their_cpu_kernels():
+    # conj_physical_'s only kernel is a composite one that calls a CPU DispatchStub directly; on npu tensors
+    # it raised "DispatchStub: missing kernel for npu".
+    x = torch.randn(4, 3, dtype=torch.complex64)
+    params, grads = [torch.randn(5), torch.randn(2, 3)], [torch.randn(5), torch.randn(2, 3)]
+    params_npu, grads_npu = [p.npu() for p in params], [g.npu() for g in grads]
+    for call in range(3):
+        y = x.npu()
+        y.conj_physical_()
+        assert torch.equal(y.cpu(), x.conj_physical()), f"call {call}"
+        torch._foreach_add_(params, grads, alpha=0.5)
+        torch._foreach_add_(params_npu, grads_npu, alpha=0.5)
+        torch._foreach_mul_(params, 1.5)
+        torch._foreach_mul_(params_npu, 1.5)
+        assert all(torch.equal(p, q.cpu()) for p, q in zip(params, params_npu)), f"call {call}"
+
+
+def test_a_kernel_that_conjugates_its_out_argument():
+    # linalg.lu_solve(left=False, out=) solves A^H X^H = B^H in `out`, then marks `out` conjugated (a lazy
+    # conj bit set by the CPU kernel): the npu tensor must carry the bit, on every call.
+    torch.manual_seed(0)
+    A, B = torch.randn(3, 3, dtype=torch.complex64), torch.randn(2, 3, dtype=torch.complex64)
+    LU, pivots = torch.linalg.lu_factor(A)
+    ref = torch.empty(2, 3, dtype=torch.complex64)
+    torch.linalg.lu_solve(LU, pivots, B, left=False, out=ref)
+    for call in range(3):
+        out = torch.empty(2, 3, dtype=torch.complex64, device="npu")
+        torch.linalg.lu_solve(LU.npu(), pivots.npu(), B.npu(), left=False, out=out)
+        assert out.is_conj() == ref.is_conj() and torch.equal(out.cpu(), ref), f"call {call}"
