@@ -70,5 +70,13 @@ IntTensor = _legacy("IntTensor", torch.int32)
 LongTensor = _legacy("LongTensor", torch.int64)
 ShortTensor = _legacy("ShortTensor", torch.int16)
 
-__all__ = ["set_compile_mode", "is_jit_compile_false", "_lazy_call", "BFloat16Tensor", "BoolTensor", "ByteTensor",
+def npurt():
+    """torch_npu's NPU runtime bindings (npuHostRegister, npuHostUnregister, npuStreamCreate, npuStreamDestroy) over
+    the CANN home's ACL runtime; DeepSpeed registers its pinned buffers with them (npudist/cann/npurt.py)."""
+    from npudist.cann.npurt import npurt as bindings  # noqa: PLC0415 - ctypes load on first use only
+
+    return bindings()
+
+
+__all__ = ["npurt", "set_compile_mode", "is_jit_compile_false", "_lazy_call", "BFloat16Tensor", "BoolTensor", "ByteTensor",
            "CharTensor", "DoubleTensor", "FloatTensor", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"]

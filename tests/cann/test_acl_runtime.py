@@ -77,3 +77,30 @@ def test_one_runtime_with_torch_device_and_events():
     ms, ret = acl.rt.event_elapsed_time(start, end)
     assert ret == ACL_SUCCESS and ms >= 0
     assert acl.rt.destroy_event(start) == acl.rt.destroy_event(end) == ACL_SUCCESS
+
+
+def test_npurt_host_registration_as_torch_npu():
+    rt = torch.npu.npurt()
+    buf = torch.empty(3 * 4096, dtype=torch.uint8).share_memory_()  # page-aligned host memory
+    ptr = buf.data_ptr()
+    assert rt.npuHostRegister(ptr, 8192, 0x2) == ACL_SUCCESS                     # ACL_HOST_REG_MAPPED
+    assert rt.npuHostRegister(ptr + 4096, 4096, 0x2) == ACL_ERROR_INVALID_PARAM  # overlaps
+    assert "overlaps a registered range" in acl.get_recent_err_msg()
+    assert rt.npuHostUnregister(ptr) == ACL_SUCCESS
+    assert rt.npuHostUnregister(ptr) == ACL_ERROR_INVALID_PARAM
+    assert rt.npuHostRegister(ptr + 1, 4096, 0x2) == ACL_ERROR_INVALID_PARAM     # MAPPED needs 4 KiB alignment
+    assert rt.npuHostRegister(0, 4096, 0x2) == ACL_ERROR_INVALID_PARAM
+    slot = ctypes.c_void_p()
+    assert rt.npuStreamCreate(ctypes.addressof(slot)) == ACL_SUCCESS and slot.value
+    assert rt.npuStreamDestroy(slot.value) == ACL_SUCCESS
+
+
+def test_deepspeed_registers_pinned_host_memory_through_npurt():
+    accel = pytest.importorskip("deepspeed.accelerator.npu_accelerator",
+                                reason="deepspeed is not installed (requirements-test.txt pins it)")
+    npu = accel.NPU_Accelerator()
+    buf = torch.empty(2 * 4096, dtype=torch.uint8).share_memory_()
+    assert npu.register_host_memory(buf.data_ptr(), 8192) is True
+    npu.unregister_host_memory(buf.data_ptr())
+    with pytest.raises(RuntimeError, match="npuHostUnregister failed with rc=100000"):
+        npu.unregister_host_memory(buf.data_ptr())

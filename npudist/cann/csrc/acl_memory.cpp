@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -24,6 +25,7 @@ namespace {
 std::mutex g_mu;
 std::unordered_map<void*, size_t> g_device_blocks;  // aclrtMalloc'ed pointer -> bytes
 std::unordered_set<void*> g_host_blocks;            // aclrtMallocHost'ed pointers
+std::map<uintptr_t, std::pair<size_t, uint32_t>> g_registered;  // aclrtHostRegisterV2: base -> (size, flag)
 
 // Device memory this process holds on a physical device: its npu-smi usage record (runtime_usage.cpp).
 uint64_t used_on(int physical) {
@@ -187,6 +189,58 @@ aclError aclrtFreeHost(void* hostPtr) {
     }
   }
   std::free(hostPtr);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag) {
+  char buf[200];
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (!ptr || size == 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtHostRegisterV2: null ptr or size 0");
+  if (flag == 0 || (flag & ~(ACL_HOST_REG_MAPPED | ACL_HOST_REG_PINNED))) {
+    std::snprintf(buf, sizeof(buf), "aclrtHostRegisterV2: unsupported flag 0x%x (ACL_HOST_REG_MAPPED, ACL_HOST_REG_PINNED)",
+                  flag);
+    return fail(ACL_ERROR_INVALID_PARAM, buf);
+  }
+  if ((flag & ACL_HOST_REG_MAPPED) && (p % 4096 || size % 4096)) {
+    std::snprintf(buf, sizeof(buf), "aclrtHostRegisterV2: ACL_HOST_REG_MAPPED needs 4 KiB-aligned ptr and size (%p, %llu)",
+                  ptr, static_cast<unsigned long long>(size));
+    return fail(ACL_ERROR_INVALID_PARAM, buf);
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  auto next = g_registered.lower_bound(p);
+  const bool overlaps_next = next != g_registered.end() && next->first < p + size;
+  const bool overlaps_prev = next != g_registered.begin() && std::prev(next)->first + std::prev(next)->second.first > p;
+  if (overlaps_next || overlaps_prev) {
+    std::snprintf(buf, sizeof(buf), "aclrtHostRegisterV2: [%p, +%llu) overlaps a registered range", ptr,
+                  static_cast<unsigned long long>(size));
+    return fail(ACL_ERROR_INVALID_PARAM, buf);
+  }
+  g_registered[p] = {size, flag};
+  return ACL_SUCCESS;
+}
+
+aclError aclrtHostUnregister(void* ptr) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (!g_registered.erase(reinterpret_cast<uintptr_t>(ptr))) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "aclrtHostUnregister: %p is not the start of a registered range", ptr);
+    return fail(ACL_ERROR_INVALID_PARAM, buf);
+  }
+  return ACL_SUCCESS;
+}
+
+aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag) {
+  if (!pDevice || flag != 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtHostGetDevicePointer: pDevice null or flag not 0");
+  const auto p = reinterpret_cast<uintptr_t>(pHost);
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_registered.upper_bound(p);
+  if (it == g_registered.begin() || p - std::prev(it)->first >= std::prev(it)->second.first ||
+      !(std::prev(it)->second.second & ACL_HOST_REG_MAPPED)) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "aclrtHostGetDevicePointer: %p is not in a range registered ACL_HOST_REG_MAPPED", pHost);
+    return fail(ACL_ERROR_INVALID_PARAM, buf);
+  }
+  *pDevice = pHost;  // the emulated device addresses host memory directly
   return ACL_SUCCESS;
 }
 

@@ -59,6 +59,9 @@ typedef enum aclrtEventRecordedStatus {
   ACL_EVENT_RECORDED_STATUS_COMPLETE = 1,
 } aclrtEventRecordedStatus;
 
+#define ACL_HOST_REG_MAPPED 0x2UL
+#define ACL_HOST_REG_PINNED 0x10000000UL
+
 #define ACL_EVENT_SYNC 0x00000001u
 #define ACL_EVENT_TIME_LINE 0x00000008u
 
@@ -85,6 +88,12 @@ ACL_FUNC_VISIBILITY aclError aclrtMemcpyAsync(void* dst, size_t destMax, const v
 ACL_FUNC_VISIBILITY aclError aclrtMemset(void* devPtr, size_t maxCount, int32_t value, size_t count);
 ACL_FUNC_VISIBILITY aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value, size_t count,
                                               aclrtStream stream);
+
+/* Host memory registration: the emulated device reads host memory directly, so registering makes no copy; the
+ * device pointer of registered host memory is the host pointer. MAPPED needs 4 KiB-aligned ptr and size. */
+ACL_FUNC_VISIBILITY aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtHostUnregister(void* ptr);
+ACL_FUNC_VISIBILITY aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag);
 
 /* Streams. NULL is the current device's default stream. */
 ACL_FUNC_VISIBILITY aclError aclrtCreateStream(aclrtStream* stream);
