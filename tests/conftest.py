@@ -17,6 +17,8 @@ LONG_FIRST = (
     "tests/hccl/test_dist_suite.py",
     "tests/hccl/test_soak.py",
     "tests/launch/",
+    "tests/ecosystem/test_deepspeed.py",   # a first run compiles DeepSpeed's cpu_adam op
+    "tests/ecosystem/test_ray.py",
 )
 
 
