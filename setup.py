@@ -99,7 +99,8 @@ def _extensions():
         exts.append(CppExtension(
             "npudist.hccl._C",
             _sources("npudist/hccl/csrc/*.cpp", "npudist/hccl/engine/*.cpp"),
-            include_dirs=[os.path.join(HERE, "npudist/hccl/engine"), os.path.join(HERE, "device_core/include")],
+            include_dirs=[os.path.join(HERE, "npudist/hccl/csrc/include"), os.path.join(HERE, "npudist/hccl/engine"),
+                          os.path.join(HERE, "device_core/include")],
             extra_compile_args=CXX_FLAGS,
             extra_link_args=["-lrt", "-lpthread"],
         ))

@@ -132,8 +132,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_launch_counts", [] { launch::reset_counts(); });
   m.def("_set_thread_inline_launch", [](bool enable) { return launch::c_api()->set_thread_inline(enable) != 0; },
         "Make npu ops of the calling thread run inline (no queue, no drain); returns the previous setting.");
-  m.def("_launch_api", [] { return reinterpret_cast<uintptr_t>(launch::c_api()); },
-        "Address of the launch C table (NpudistLaunchApi, npudist/launch_c_api.h), for npudist.hccl._C.");
+  m.def("_launch_api", [] {
+          return py::capsule(static_cast<const void*>(launch::c_api()), NPUDIST_LAUNCH_API_CAPSULE);
+        },
+        "The launch C table (NpudistLaunchApi, npudist/launch_c_api.h) as a PyCapsule named "
+        "NPUDIST_LAUNCH_API_CAPSULE, for npudist.hccl._C.");
   m.def("_current_stream", [](int d) { check_index(d); return rt::api().get_stream(d); });
   m.def("_set_stream", [](int d, int64_t s) {
     check_index(d);

@@ -210,8 +210,11 @@ void report_free(void* ptr) {
 const NpudistProfilerApi* c_api() { return &kApi; }
 
 void init_bindings(pybind11::module_& m) {
-  m.def("_profiler_api", [] { return reinterpret_cast<uintptr_t>(c_api()); },
-        "Address of the static NpudistProfilerApi table (profiler_c_api.h) for npudist.hccl._C.");
+  m.def("_profiler_api", [] {
+          return pybind11::capsule(static_cast<const void*>(c_api()), NPUDIST_PROFILER_API_CAPSULE);
+        },
+        "The static NpudistProfilerApi table (profiler_c_api.h) as a PyCapsule named "
+        "NPUDIST_PROFILER_API_CAPSULE, for npudist.hccl._C.");
   m.def("_profiler_recording", [] { return active(); },
         "True while a torch.profiler session records npu device activity.");
 }

@@ -1,6 +1,9 @@
-"""The device-runtime seam (docs/backends.md): the aten glue and the caching allocator reach the runtime only
-through its C ABI header, the runtime does not depend on the allocator, and host-memory assumptions are
-marked with `HOST-MEMORY:` only in the emulated runtime and the fallback. Reads sources; builds nothing."""
+"""The seams (docs/backends.md). Device runtime: the aten glue and the caching allocator reach the runtime
+only through its C ABI header, the runtime does not depend on the allocator, and host-memory assumptions are
+marked with `HOST-MEMORY:` only in the emulated runtime and the fallback. Communicator: its interface names
+no type of the shared-memory engine, only the shm adapter and the factory include the engine, host access to
+npu memory in hccl is marked only in the communicators, and the C tables reach hccl as named capsules.
+Reads sources (the capsule test imports the extensions); builds nothing."""
 import os
 import re
 
@@ -96,12 +99,102 @@ def test_host_memory_markers_only_in_runtime_and_fallback():
                                         f"{sorted(HOST_MEMORY_FILES)} (docs/backends.md lists each)"
 
 
-def test_backends_doc_lists_every_host_memory_marker():
+def _host_memory_section() -> str:
     with open(os.path.join(ROOT, "docs", "backends.md")) as f:
-        doc = f.read()
-    section = doc.split("### Where the emulation assumes device memory is host memory", 1)[-1]
+        return f.read().split("### Where the emulation assumes device memory is host memory", 1)[-1]
+
+
+def test_backends_doc_lists_every_host_memory_marker():
+    section = _host_memory_section()
     for rel in HOST_MEMORY_FILES:
         markers = _read(rel).count("HOST-MEMORY:")
         rows = section.count(f"| `device_core/{rel}` |")
         assert rows == markers, f"device_core/{rel} has {markers} HOST-MEMORY markers but docs/backends.md " \
                                 f"lists {rows} places in it (one table row per marker)"
+
+
+# --- the communicator seam (npudist/hccl) ---------------------------------------------------------------
+
+HCCL = os.path.join(ROOT, "npudist", "hccl")
+COMM_INTERFACE = os.path.join("csrc", "include", "npudist", "communicator.h")
+ENGINE_API = os.path.join("engine", "engine.h")
+# The engine adapted to the seam, and the factory that connects it: the only csrc files that see the engine.
+ENGINE_USERS = {os.path.join("csrc", n) for n in ("shm_communicator.h", "communicator_factory.cpp")}
+# The communicators that read or write npu memory with the CPU (each place marked).
+HCCL_HOST_MEMORY_FILES = {os.path.join("csrc", n) for n in ("shm_communicator.cpp", "gloo_communicator.cpp",
+                                                             "hierarchical_communicator.cpp")}
+
+
+def _hccl_read(rel: str) -> str:
+    with open(os.path.join(HCCL, rel)) as f:
+        return f.read()
+
+
+def _hccl_sources() -> list[str]:
+    out = []
+    for dirpath, _, names in os.walk(HCCL):
+        out += [os.path.relpath(os.path.join(dirpath, n), HCCL) for n in names if n.endswith((".cpp", ".h"))]
+    return sorted(out)
+
+
+def _code(text: str) -> str:
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+
+
+def engine_type_names() -> set[str]:
+    """Every type the engine's public header declares (enums, structs, classes, aliases)."""
+    code = _code(_hccl_read(ENGINE_API))
+    return set(re.findall(r"\b(?:enum\s+class|struct|class)\s+(\w+)", code)) | \
+        set(re.findall(r"\busing\s+(\w+)\s*=", code))
+
+
+def test_engine_type_detector_sees_the_engine_vocabulary():
+    assert {"DataType", "ReduceOp", "OpInfo", "EngineError", "ErrorKind", "ShmEngine"} <= engine_type_names()
+
+
+def test_communicator_interface_names_no_engine_type():
+    code = _code(_hccl_read(COMM_INTERFACE))
+    found = sorted(n for n in engine_type_names() if re.search(rf"\b{n}\b", code))
+    assert not found, f"npudist/hccl/{COMM_INTERFACE} names engine types {found}; use the seam's own"
+    includes = re.findall(r'#\s*include\s*([<"][^>"]+[>"])', code)
+    assert all(i.startswith("<") and "/" not in i for i in includes), \
+        f"the communicator interface may include only standard headers, got {includes}"
+
+
+def test_only_the_shm_adapter_and_the_factory_include_the_engine():
+    users = {rel for rel in _hccl_sources() if rel.startswith("csrc")
+             and re.search(r'#\s*include\s*"engine\.h"', _hccl_read(rel))}
+    assert users == ENGINE_USERS, f"csrc files including engine.h: {sorted(users)}, expected {sorted(ENGINE_USERS)}"
+
+
+def test_hccl_host_memory_markers_only_in_the_communicators():
+    marked = {rel for rel in _hccl_sources() if "HOST-MEMORY:" in _hccl_read(rel)}
+    assert marked == HCCL_HOST_MEMORY_FILES, f"HOST-MEMORY markers in npudist/hccl {sorted(marked)}, expected " \
+                                             f"{sorted(HCCL_HOST_MEMORY_FILES)}"
+    # Every CPU view or copy of caller memory in them sits under a marker (within the 3 lines above it).
+    for rel in HCCL_HOST_MEMORY_FILES - {os.path.join("csrc", "shm_communicator.cpp")}:
+        lines = _hccl_read(rel).splitlines()
+        for i, line in enumerate(lines):
+            if re.search(r"\b(from_blob|std::memcpy)\(", line):
+                window = "\n".join(lines[max(0, i - 4):i])
+                assert "HOST-MEMORY:" in window, f"npudist/hccl/{rel}:{i + 1} touches caller memory unmarked"
+    section = _host_memory_section()
+    for rel in HCCL_HOST_MEMORY_FILES:
+        markers = _hccl_read(rel).count("HOST-MEMORY:")
+        rows = section.count(f"| `npudist/hccl/{rel}` |")
+        assert rows == markers, f"npudist/hccl/{rel} has {markers} HOST-MEMORY markers but docs/backends.md " \
+                                f"lists {rows} places in it (one table row per marker)"
+
+
+def test_c_tables_reach_hccl_as_named_capsules():
+    import torch  # noqa: F401  (registers npudist)
+    import npudist._C as device_ext
+    import npudist.hccl._C as hccl_ext
+    for getter, setter, name in (("_runtime_api", "_set_runtime_api", "npudist.runtime_api"),
+                                 ("_launch_api", "_set_launch_api", "npudist.launch_api"),
+                                 ("_profiler_api", "_set_profiler_api", "npudist.profiler_api")):
+        table = getattr(device_ext, getter)()
+        assert type(table).__name__ == "PyCapsule" and name in repr(table), (getter, table)
+        with pytest.raises(TypeError, match=name):
+            getattr(hccl_ext, setter)(12345)
+        getattr(hccl_ext, setter)(table)   # what npudist.hccl does at import: idempotent

@@ -78,10 +78,10 @@ def _hand_over_runtime() -> None:
         _runtime_handed_over = True
     launch_api = getattr(device_ext, "_launch_api", None)
     if launch_api is not None:
-        _C._set_launch_api(int(launch_api()))
+        _C._set_launch_api(launch_api())
     profiler_api = getattr(device_ext, "_profiler_api", None)
     if profiler_api is not None:
-        _C._set_profiler_api(int(profiler_api()))
+        _C._set_profiler_api(profiler_api())
 
 
 def monitored_barrier(group=None, timeout: _dt.timedelta | None = None, wait_all_ranks: bool = False) -> None:

@@ -1,6 +1,7 @@
 // Plain-C table through which npudist.hccl._C takes part in npudist._C's asynchronous launch
 // (device_core/launch.h, docs/device.md "Asynchronous launch"). Handed over once at import
-// (`npudist._C._launch_api()` -> `npudist.hccl._C._set_launch_api(addr)`), like the profiler table.
+// (`npudist._C._launch_api()`, a PyCapsule named NPUDIST_LAUNCH_API_CAPSULE, ->
+// `npudist.hccl._C._set_launch_api(capsule)`), like the runtime and profiler tables.
 //
 // Why it exists: a collective's body runs on the host (the caller's thread or a hccl lane) after hccl has
 // ordered it behind the npu stream it was issued on. The aten ops the body calls on npu tensors
@@ -20,6 +21,7 @@ extern "C" {
 #endif
 
 #define NPUDIST_LAUNCH_API_VERSION 2
+#define NPUDIST_LAUNCH_API_CAPSULE "npudist.launch_api"
 
 typedef struct NpudistLaunchApi {
   uint32_t version;  // NPUDIST_LAUNCH_API_VERSION

@@ -1,7 +1,8 @@
 // Plain-C table through which npudist.hccl._C reports its collectives to the npu device profiler that
 // lives in npudist._C (the Kineto PrivateUse1 activity source, device_core/profiler.cpp). Handed over
-// once at import (`npudist._C._profiler_api()` -> `npudist.hccl._C._set_profiler_api(addr)`), like the
-// runtime table in runtime_c_api.h. Kept separate from that table so either can change alone.
+// once at import (`npudist._C._profiler_api()`, a PyCapsule named NPUDIST_PROFILER_API_CAPSULE, ->
+// `npudist.hccl._C._set_profiler_api(capsule)`), like the runtime table in runtime_c_api.h. Kept separate
+// from that table so either can change alone.
 #pragma once
 #include <stdint.h>
 
@@ -10,6 +11,7 @@ extern "C" {
 #endif
 
 #define NPUDIST_PROFILER_API_VERSION 1
+#define NPUDIST_PROFILER_API_CAPSULE "npudist.profiler_api"
 
 // One collective as it ran on an npu stream. Strings are copied by record_collective.
 typedef struct NpudistCollectiveEvent {

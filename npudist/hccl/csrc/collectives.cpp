@@ -1,6 +1,6 @@
 // The reduction and gather ops of ProcessGroupHCCL: argument checks (clear ValueErrors on the calling
 // rank, before anything is issued), contiguous staging, and an OpSpec whose body calls the engine
-// routing in engine_calls.cpp. all_to_all, gather/scatter, p2p and barrier are in exchange.cpp.
+// routing in communicator_calls.cpp. all_to_all, gather/scatter, p2p and barrier are in exchange.cpp.
 #include <c10/util/Exception.h>
 
 #include <numeric>
@@ -11,20 +11,20 @@
 
 namespace npudist::hccl {
 
-DataType to_engine_dtype(at::ScalarType t, const char* op) {
+comm::ElementType element_type_of(at::ScalarType t, const char* op) {
   switch (t) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kChar: return DataType::kInt8;
-    case at::kByte: return DataType::kUInt8;
-    case at::kShort: return DataType::kInt16;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    case at::kBool: return DataType::kBool;
-    case at::kComplexFloat: return DataType::kComplex64;
-    case at::kComplexDouble: return DataType::kComplex128;
+    case at::kFloat: return comm::ElementType::kFloat32;
+    case at::kDouble: return comm::ElementType::kFloat64;
+    case at::kHalf: return comm::ElementType::kFloat16;
+    case at::kBFloat16: return comm::ElementType::kBFloat16;
+    case at::kChar: return comm::ElementType::kInt8;
+    case at::kByte: return comm::ElementType::kUInt8;
+    case at::kShort: return comm::ElementType::kInt16;
+    case at::kInt: return comm::ElementType::kInt32;
+    case at::kLong: return comm::ElementType::kInt64;
+    case at::kBool: return comm::ElementType::kBool;
+    case at::kComplexFloat: return comm::ElementType::kComplex64;
+    case at::kComplexDouble: return comm::ElementType::kComplex128;
     default:
       TORCH_CHECK_VALUE(false, "hccl ", op, ": dtype ", t,
                         " is not supported; use float32/64, float16, bfloat16, int8/16/32/64, uint8, "
@@ -60,7 +60,7 @@ void ProcessGroupHCCL::check_tensor(const at::Tensor& t, const char* op, const c
                     "'; the hccl backend takes cpu and npu tensors (move it with .npu() or .cpu())");
   TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "hccl ", op, ": ", what,
                     " is sparse; densify it with .to_dense() first");
-  to_engine_dtype(t.scalar_type(), op);
+  element_type_of(t.scalar_type(), op);
 }
 
 void ProcessGroupHCCL::check_rank(int r, const char* op, const char* what) {

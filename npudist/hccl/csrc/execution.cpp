@@ -185,11 +185,11 @@ void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
   std::exception_ptr err;
   try {
     if (aborted_) {
-      throw EngineError(ErrorKind::kAborted, "group was aborted: " + abort_reason_);
+      throw comm::CommError(comm::FailureKind::kAborted, "group was aborted: " + abort_reason_);
     }
     InlineLaunchScope inline_ops;  // the body's aten ops touch bytes it also reads through data_ptr()
     work->spec_.body(work->seq_);
-  } catch (const EngineError& e) {
+  } catch (const comm::CommError& e) {
     err = translate_error(e, *work, true);
   } catch (const c10::ValueError& e) {
     err = std::current_exception();
@@ -202,24 +202,24 @@ void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
 }
 
 std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, const WorkHCCL& w,
-                                                     bool engine_error) {
+                                                     bool comm_error) {
   std::string kind = "failed";
-  if (engine_error) {
-    const auto& ee = static_cast<const EngineError&>(e);
+  if (comm_error) {
+    const auto& ee = static_cast<const comm::CommError&>(e);
     switch (ee.kind) {
-      case ErrorKind::kTimeout:
+      case comm::FailureKind::kTimeout:
         kind = c10::str("timed out (group timeout of ", timeout_.count(), " ms)");
         error_type_ = static_cast<int>(c10d::ErrorType::TIMEOUT);
         break;
-      case ErrorKind::kPeerDied: kind = "failed: a peer process died"; break;
-      case ErrorKind::kMismatch: kind = "failed: ranks called mismatched collectives"; break;
-      case ErrorKind::kAborted: kind = "was aborted"; break;
-      case ErrorKind::kInvalidArgument:
+      case comm::FailureKind::kPeerDied: kind = "failed: a peer process died"; break;
+      case comm::FailureKind::kMismatch: kind = "failed: ranks called mismatched collectives"; break;
+      case comm::FailureKind::kAborted: kind = "was aborted"; break;
+      case comm::FailureKind::kInvalidArgument:
         return std::make_exception_ptr(c10::ValueError(
             HCCL_HERE, c10::str("hccl: ", w.describe(), ": ", e.what())));
-      case ErrorKind::kSystem: kind = "failed: system error"; break;
+      case comm::FailureKind::kSystem: kind = "failed: system error"; break;
     }
-    if (ee.kind != ErrorKind::kTimeout) error_type_ = static_cast<int>(c10d::ErrorType::COMM_ERROR);
+    if (ee.kind != comm::FailureKind::kTimeout) error_type_ = static_cast<int>(c10d::ErrorType::COMM_ERROR);
   } else {
     error_type_ = static_cast<int>(c10d::ErrorType::COMM_ERROR);
   }

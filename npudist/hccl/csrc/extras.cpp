@@ -42,7 +42,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_sparse_coo(const at::
                     reduce_name(opts.reduceOp), "; densify with .to_dense() for other reductions");
   TORCH_CHECK_VALUE(input.dim() <= kSparseMaxDims, "hccl all_reduce: sparse tensors with more than ",
                     kSparseMaxDims, " dims are not supported, got ", input.dim());
-  to_engine_dtype(input.scalar_type(), "all_reduce");
+  element_type_of(input.scalar_type(), "all_reduce");
   at::Tensor t = input;
   HCCL_SPEC(s, c10d::OpType::ALLREDUCE, "all_reduce_sparse", {t}, {t}, opts.asyncOp);
   s.dtype = c10::toString(t.scalar_type());
@@ -122,9 +122,9 @@ int ProcessGroupHCCL::recv_any(at::Tensor& t, int tag) {
       }
     }
     start = (start + 1) % locals.size();
-    if (aborted_) throw EngineError(ErrorKind::kAborted, "group was aborted: " + abort_reason_);
+    if (aborted_) throw comm::CommError(comm::FailureKind::kAborted, "group was aborted: " + abort_reason_);
     if (std::chrono::steady_clock::now() >= deadline) {
-      throw EngineError(ErrorKind::kTimeout, c10::str("npudist engine: no rank sent a message with tag ", tag,
+      throw comm::CommError(comm::FailureKind::kTimeout, c10::str("npudist engine: no rank sent a message with tag ", tag,
                                                       " to rank ", rank_, " within ", timeout_.count(), " ms"));
     }
     // Sleep rather than spin: the sender may need this core.

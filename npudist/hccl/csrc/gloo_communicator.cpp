@@ -22,25 +22,26 @@ namespace npudist::hccl {
 
 namespace {
 
-at::ScalarType scalar_type_of(DataType t) {
+at::ScalarType scalar_type_of(comm::ElementType t) {
   switch (t) {
-    case DataType::kFloat32: return at::kFloat;
-    case DataType::kFloat64: return at::kDouble;
-    case DataType::kFloat16: return at::kHalf;
-    case DataType::kBFloat16: return at::kBFloat16;
-    case DataType::kInt8: return at::kChar;
-    case DataType::kUInt8: return at::kByte;
-    case DataType::kInt16: return at::kShort;
-    case DataType::kInt32: return at::kInt;
-    case DataType::kInt64: return at::kLong;
-    case DataType::kBool: return at::kBool;
-    case DataType::kComplex64: return at::kComplexFloat;
-    case DataType::kComplex128: return at::kComplexDouble;
+    case comm::ElementType::kFloat32: return at::kFloat;
+    case comm::ElementType::kFloat64: return at::kDouble;
+    case comm::ElementType::kFloat16: return at::kHalf;
+    case comm::ElementType::kBFloat16: return at::kBFloat16;
+    case comm::ElementType::kInt8: return at::kChar;
+    case comm::ElementType::kUInt8: return at::kByte;
+    case comm::ElementType::kInt16: return at::kShort;
+    case comm::ElementType::kInt32: return at::kInt;
+    case comm::ElementType::kInt64: return at::kLong;
+    case comm::ElementType::kBool: return at::kBool;
+    case comm::ElementType::kComplex64: return at::kComplexFloat;
+    case comm::ElementType::kComplex128: return at::kComplexDouble;
   }
-  throw EngineError(ErrorKind::kInvalidArgument, "gloo communicator: unknown dtype");
+  throw comm::CommError(comm::FailureKind::kInvalidArgument, "gloo communicator: unknown dtype");
 }
 
-// A CPU tensor over caller memory (not owned).
+// A CPU tensor over caller memory (not owned). Every buffer Gloo reads or writes is viewed here.
+// HOST-MEMORY: npu buffers are viewed as CPU tensors over the same bytes; a real device stages through host.
 at::Tensor view_of(const void* p, size_t count, at::ScalarType t) {
   return at::from_blob(const_cast<void*>(p), {static_cast<int64_t>(count)},
                        at::TensorOptions().dtype(t).device(at::kCPU));
@@ -49,28 +50,28 @@ at::Tensor view_of(const void* p, size_t count, at::ScalarType t) {
 at::Tensor bytes_of(const void* p, size_t bytes) { return view_of(p, bytes, at::kByte); }
 
 // Combines the contributions (rows of `parts`) with the reduce op.
-at::Tensor combine(const at::Tensor& parts, ReduceOp op) {
+at::Tensor combine(const at::Tensor& parts, comm::Reduction op) {
   const auto t = parts.scalar_type();
   if (t == at::kBool) {
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor: return parts.any(0);
-      case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand: return parts.all(0);
-      case ReduceOp::kBxor: return parts.to(at::kByte).sum(0).remainder(2).to(at::kBool);
+      case comm::Reduction::kSum: case comm::Reduction::kMax: case comm::Reduction::kBor: return parts.any(0);
+      case comm::Reduction::kProduct: case comm::Reduction::kMin: case comm::Reduction::kBand: return parts.all(0);
+      case comm::Reduction::kBxor: return parts.to(at::kByte).sum(0).remainder(2).to(at::kBool);
     }
   }
   const bool low = t == at::kHalf || t == at::kBFloat16;
   at::Tensor p = low ? parts.to(at::kFloat) : parts;
   at::Tensor r;
   switch (op) {
-    case ReduceOp::kSum: r = p.sum(0, false, p.scalar_type()); break;
-    case ReduceOp::kProduct: r = p.prod(0, false, p.scalar_type()); break;
-    case ReduceOp::kMin: r = p.amin(0); break;
-    case ReduceOp::kMax: r = p.amax(0); break;
-    case ReduceOp::kBand: case ReduceOp::kBor: case ReduceOp::kBxor: {
+    case comm::Reduction::kSum: r = p.sum(0, false, p.scalar_type()); break;
+    case comm::Reduction::kProduct: r = p.prod(0, false, p.scalar_type()); break;
+    case comm::Reduction::kMin: r = p.amin(0); break;
+    case comm::Reduction::kMax: r = p.amax(0); break;
+    case comm::Reduction::kBand: case comm::Reduction::kBor: case comm::Reduction::kBxor: {
       r = p[0].clone();
       for (int64_t i = 1; i < p.size(0); ++i) {
-        if (op == ReduceOp::kBand) r.bitwise_and_(p[i]);
-        else if (op == ReduceOp::kBor) r.bitwise_or_(p[i]);
+        if (op == comm::Reduction::kBand) r.bitwise_and_(p[i]);
+        else if (op == comm::Reduction::kBor) r.bitwise_or_(p[i]);
         else r.bitwise_xor_(p[i]);
       }
       break;
@@ -80,7 +81,7 @@ at::Tensor combine(const at::Tensor& parts, ReduceOp op) {
 }
 
 // Reduces `rows` contributions of `count` elements (stacked byte buffers) into `out`.
-void combine_into(const std::vector<at::Tensor>& rows, void* out, size_t count, DataType t, ReduceOp op,
+void combine_into(const std::vector<at::Tensor>& rows, void* out, size_t count, comm::ElementType t, comm::Reduction op,
                   double scale) {
   const at::ScalarType st = scalar_type_of(t);
   const int64_t n = static_cast<int64_t>(rows.size());
@@ -128,7 +129,7 @@ void GlooCommunicator::abort(const std::string& reason) {
 void GlooCommunicator::check_usable(const char* what) {
   if (!aborted_) return;
   std::lock_guard<std::mutex> g(reason_mu_);
-  throw EngineError(ErrorKind::kAborted,
+  throw comm::CommError(comm::FailureKind::kAborted,
                     std::string(what) + ": the Gloo communicator was aborted: " + abort_reason_);
 }
 
@@ -136,14 +137,14 @@ void GlooCommunicator::wait(const c10::intrusive_ptr<c10d::Work>& w, const char*
   try {
     w->wait();
   } catch (const std::exception& e) {
-    throw EngineError(ErrorKind::kSystem, std::string(what) + " over Gloo failed: " + e.what());
+    throw comm::CommError(comm::FailureKind::kSystem, std::string(what) + " over Gloo failed: " + e.what());
   }
 }
 
-void GlooCommunicator::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                                  double scale, const OpInfo& info, const Stream&) {
+void GlooCommunicator::all_reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op,
+                                  double scale, const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int j = 0; j < size_; ++j) outs[0].push_back(at::empty({static_cast<int64_t>(bytes)}, at::kByte));
   std::vector<at::Tensor> ins{bytes_of(in, bytes)};
@@ -151,19 +152,19 @@ void GlooCommunicator::all_reduce(const void* in, void* out, size_t count, DataT
   combine_into(outs[0], out, count, t, op, scale);
 }
 
-void GlooCommunicator::broadcast(void* buf, size_t count, DataType t, int root, const OpInfo& info,
-                                 const Stream&) {
+void GlooCommunicator::broadcast(void* buf, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
+                                 const comm::Stream&) {
   check_usable(info.op);
-  std::vector<at::Tensor> v{bytes_of(buf, count * element_size(t))};
+  std::vector<at::Tensor> v{bytes_of(buf, count * comm::element_bytes(t))};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   wait(gloo_->broadcast(v, o), info.op);
 }
 
-void GlooCommunicator::reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale,
-                              int root, const OpInfo& info, const Stream&) {
+void GlooCommunicator::reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
+                              int root, const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> outs;
   if (rank_ == root) {
     outs.emplace_back();
@@ -176,34 +177,35 @@ void GlooCommunicator::reduce(const void* in, void* out, size_t count, DataType 
   if (rank_ == root) combine_into(outs[0], out, count, t, op, scale);
 }
 
-void GlooCommunicator::all_gather(const void* in, void* out, size_t count, DataType t, const OpInfo& info,
-                                  const Stream&) {
+void GlooCommunicator::all_gather(const void* in, void* out, size_t count, comm::ElementType t, const comm::CollectiveInfo& info,
+                                  const comm::Stream&) {
   check_usable(info.op);
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> outs{blocks_of(out, bytes, size_)};
   std::vector<at::Tensor> ins{bytes_of(in, bytes)};
   wait(gloo_->allgather(outs, ins, c10d::AllgatherOptions()), info.op);
 }
 
-void GlooCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                                      double scale, const OpInfo& info, const Stream& s) {
-  const size_t es = element_size(t);
+void GlooCommunicator::reduce_scatter(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op,
+                                      double scale, const comm::CollectiveInfo& info, const comm::Stream& s) {
+  const size_t es = comm::element_bytes(t);
   std::vector<char> all(count * es * size_);
   all_reduce(in, all.data(), count * size_, t, op, scale, info, s);
+  // HOST-MEMORY: copies this rank's block into `out` with the CPU; a real device copies host to device.
   std::memcpy(out, all.data() + static_cast<size_t>(rank_) * count * es, count * es);
 }
 
 void GlooCommunicator::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                   void* out, const size_t* recv_counts, const size_t* recv_offsets,
-                                  DataType t, const OpInfo& info, const Stream&) {
+                                  comm::ElementType t, const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
   // Gloo takes split sizes of packed blocks: offsets must be the running sums of the counts.
-  const int64_t es = static_cast<int64_t>(element_size(t));
+  const int64_t es = static_cast<int64_t>(comm::element_bytes(t));
   std::vector<int64_t> sb(size_), rb(size_);
   size_t stotal = 0, rtotal = 0;
   for (int j = 0; j < size_; ++j) {
     if (send_offsets[j] != stotal || recv_offsets[j] != rtotal) {
-      throw EngineError(ErrorKind::kInvalidArgument,
+      throw comm::CommError(comm::FailureKind::kInvalidArgument,
                         std::string(info.op) + ": the Gloo communicator needs packed all_to_all blocks");
     }
     sb[j] = static_cast<int64_t>(send_counts[j]) * es;
@@ -215,10 +217,10 @@ void GlooCommunicator::all_to_all(const void* in, const size_t* send_counts, con
   wait(gloo_->alltoall_base(o, i, rb, sb, c10d::AllToAllOptions()), info.op);
 }
 
-void GlooCommunicator::gather(const void* in, void* out, size_t count, DataType t, int root,
-                              const OpInfo& info, const Stream&) {
+void GlooCommunicator::gather(const void* in, void* out, size_t count, comm::ElementType t, int root,
+                              const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> outs;
   if (rank_ == root) outs.push_back(blocks_of(out, bytes, size_));
   std::vector<at::Tensor> ins{bytes_of(in, bytes)};
@@ -227,10 +229,10 @@ void GlooCommunicator::gather(const void* in, void* out, size_t count, DataType 
   wait(gloo_->gather(outs, ins, o), info.op);
 }
 
-void GlooCommunicator::scatter(const void* in, void* out, size_t count, DataType t, int root,
-                               const OpInfo& info, const Stream&) {
+void GlooCommunicator::scatter(const void* in, void* out, size_t count, comm::ElementType t, int root,
+                               const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> ins;
   if (rank_ == root) ins.push_back(blocks_of(const_cast<void*>(in), bytes, size_));
   std::vector<at::Tensor> outs{bytes_of(out, bytes)};
@@ -239,20 +241,20 @@ void GlooCommunicator::scatter(const void* in, void* out, size_t count, DataType
   wait(gloo_->scatter(outs, ins, o), info.op);
 }
 
-void GlooCommunicator::barrier(const OpInfo& info, const Stream&) {
+void GlooCommunicator::barrier(const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
   wait(gloo_->barrier(c10d::BarrierOptions()), info.op);
 }
 
-void GlooCommunicator::send(const void* buf, size_t count, DataType t, int peer, int tag, const Stream&) {
+void GlooCommunicator::send(const void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream&) {
   check_usable("send");
-  std::vector<at::Tensor> v{bytes_of(buf, count * element_size(t))};
+  std::vector<at::Tensor> v{bytes_of(buf, count * comm::element_bytes(t))};
   wait(gloo_->send(v, peer, tag), "send");
 }
 
-void GlooCommunicator::recv(void* buf, size_t count, DataType t, int peer, int tag, const Stream&) {
+void GlooCommunicator::recv(void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream&) {
   check_usable("recv");
-  std::vector<at::Tensor> v{bytes_of(buf, count * element_size(t))};
+  std::vector<at::Tensor> v{bytes_of(buf, count * comm::element_bytes(t))};
   wait(gloo_->recv(v, peer, tag), "recv");
 }
 

@@ -1,4 +1,4 @@
-// GlooCommunicator: the Communicator seam over c10d's ProcessGroupGloo, built from a store. Used between
+// GlooCommunicator: the comm::Communicator seam over c10d's ProcessGroupGloo, built from a store. Used between
 // nodes (HierarchicalCommunicator) and, with NPUDIST_HCCL_COMMUNICATOR=gloo, for a whole group.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -9,11 +9,11 @@
 #include <memory>
 #include <mutex>
 
-#include "communicator.h"
+#include "npudist/communicator.h"
 
 namespace npudist::hccl {
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public comm::Communicator {
  public:
   // A Gloo group of `size` ranks rendezvousing on `store` (give each group its own PrefixStore).
   static std::unique_ptr<GlooCommunicator> connect(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -24,25 +24,25 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale,
-                  const OpInfo& info, const Stream& s) override;
-  void broadcast(void* buf, size_t count, DataType t, int root, const OpInfo& info, const Stream& s) override;
-  void reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale, int root,
-              const OpInfo& info, const Stream& s) override;
-  void all_gather(const void* in, void* out, size_t count, DataType t, const OpInfo& info,
-                  const Stream& s) override;
-  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale,
-                      const OpInfo& info, const Stream& s) override;
+  void all_reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
+                  const comm::CollectiveInfo& info, const comm::Stream& s) override;
+  void broadcast(void* buf, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info, const comm::Stream& s) override;
+  void reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale, int root,
+              const comm::CollectiveInfo& info, const comm::Stream& s) override;
+  void all_gather(const void* in, void* out, size_t count, comm::ElementType t, const comm::CollectiveInfo& info,
+                  const comm::Stream& s) override;
+  void reduce_scatter(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
+                      const comm::CollectiveInfo& info, const comm::Stream& s) override;
   void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
-                  const size_t* recv_counts, const size_t* recv_offsets, DataType t, const OpInfo& info,
-                  const Stream& s) override;
-  void gather(const void* in, void* out, size_t count, DataType t, int root, const OpInfo& info,
-              const Stream& s) override;
-  void scatter(const void* in, void* out, size_t count, DataType t, int root, const OpInfo& info,
-               const Stream& s) override;
-  void barrier(const OpInfo& info, const Stream& s) override;
-  void send(const void* buf, size_t count, DataType t, int peer, int tag, const Stream& s) override;
-  void recv(void* buf, size_t count, DataType t, int peer, int tag, const Stream& s) override;
+                  const size_t* recv_counts, const size_t* recv_offsets, comm::ElementType t, const comm::CollectiveInfo& info,
+                  const comm::Stream& s) override;
+  void gather(const void* in, void* out, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
+              const comm::Stream& s) override;
+  void scatter(const void* in, void* out, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
+               const comm::Stream& s) override;
+  void barrier(const comm::CollectiveInfo& info, const comm::Stream& s) override;
+  void send(const void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) override;
+  void recv(void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) override;
   // Gloo cannot interrupt a wait in progress (it ends at the Gloo timeout); later calls fail at once.
   void abort(const std::string& reason) override;
 

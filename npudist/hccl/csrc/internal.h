@@ -7,8 +7,10 @@
 
 namespace npudist::hccl {
 
-// The device runtime's C table (null until Python handed it over).
+// The device runtime's C table (null until Python handed it over) and its hand-over from Python
+// (npudist._C._runtime_api()).
 const NpudistRuntimeApi* runtime_api();
+void set_runtime_api(const NpudistRuntimeApi* api);
 // npu ops called by the current thread run inline on it while a scope is alive (launch_c_api.h says why);
 // a no-op until Python handed the launch table over (cpu-only use).
 class InlineLaunchScope {
@@ -21,7 +23,7 @@ class InlineLaunchScope {
  private:
   int previous_ = 0;
 };
-void set_launch_api(uintptr_t address);
+void set_launch_api(const NpudistLaunchApi* api);
 // npudist._C's launch table (null until Python handed it over).
 const NpudistLaunchApi* launch_api();
 // An integer environment variable; a malformed value is a ValueError naming the variable.

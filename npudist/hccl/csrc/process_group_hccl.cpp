@@ -1,6 +1,6 @@
-// ProcessGroupHCCL: construction (topology, the group's Communicator), options and split.
-// Launch/execution and Work: execution.cpp; watchdog, abort, shutdown: watchdog.cpp; the ops:
-// collectives.cpp and exchange.cpp; their Communicator calls: engine_calls.cpp.
+// ProcessGroupHCCL: construction (topology, the group's Communicator from communicator_factory.cpp),
+// options and split. Launch/execution and Work: execution.cpp; watchdog, abort, shutdown: watchdog.cpp;
+// the ops: collectives.cpp and exchange.cpp; their Communicator calls: communicator_calls.cpp.
 #include "process_group_hccl.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -14,11 +14,9 @@
 #include <random>
 #include <sstream>
 
-#include "gloo_communicator.h"
-#include "hierarchical_communicator.h"
+#include "communicator_factory.h"
 #include "internal.h"
 #include "npudist/runtime_c_api.h"
-#include "shm_communicator.h"
 
 namespace npudist::hccl {
 
@@ -41,22 +39,6 @@ namespace {
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string from_bytes(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-// The engine's connect-time exchange over the group's store (keys under a per-node prefix).
-struct StoreBootstrap : Bootstrap {
-  StoreBootstrap(c10::intrusive_ptr<c10d::Store> s, std::string p, std::chrono::milliseconds t)
-      : store(std::move(s)), prefix(std::move(p)), timeout(t) {}
-  void set(const std::string& key, const std::string& value) override {
-    store->set(prefix + key, to_bytes(value));
-  }
-  std::string get(const std::string& key) override {
-    store->wait({prefix + key}, timeout);
-    return from_bytes(store->get(prefix + key));
-  }
-  c10::intrusive_ptr<c10d::Store> store;
-  std::string prefix;
-  std::chrono::milliseconds timeout;
-};
-
 std::string random_token() {
   std::random_device rd;
   std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid()));
@@ -65,20 +47,9 @@ std::string random_token() {
   return std::string(buf, 12);
 }
 
-// NPUDIST_HCCL_COMMUNICATOR: "auto" (default: by topology) or "gloo" (the whole group over Gloo).
-bool gloo_forced() {
-  const char* v = std::getenv("NPUDIST_HCCL_COMMUNICATOR");
-  const std::string s = v ? v : "";
-  TORCH_CHECK_VALUE(s.empty() || s == "auto" || s == "gloo", "environment variable "
-                    "NPUDIST_HCCL_COMMUNICATOR='", s,
-                    "' is not a communicator choice; use 'auto' (by topology) or 'gloo'");
-  return s == "gloo";
-}
-
 }  // namespace
 
-void set_runtime_api(uintptr_t address) {
-  auto* api = reinterpret_cast<const NpudistRuntimeApi*>(address);
+void set_runtime_api(const NpudistRuntimeApi* api) {
   TORCH_CHECK(api != nullptr, "npudist runtime API address is null");
   // The table only grows at its end: any table at least as new as the header this was built with works.
   TORCH_CHECK(api->version >= NPUDIST_RUNTIME_API_VERSION, "npudist runtime API version ",
@@ -92,8 +63,7 @@ namespace {
 const NpudistLaunchApi* g_launch_api = nullptr;
 }
 
-void set_launch_api(uintptr_t address) {
-  auto* api = reinterpret_cast<const NpudistLaunchApi*>(address);
+void set_launch_api(const NpudistLaunchApi* api) {
   TORCH_CHECK(api && api->version == NPUDIST_LAUNCH_API_VERSION,
               "hccl: npudist._C and npudist.hccl._C were built from different sources (launch table version "
               "mismatch); rebuild both extensions");
@@ -128,7 +98,7 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
   if (buffer_bytes_ == 0) {
     int mb = env_int("HCCL_BUFFSIZE", 0);
     TORCH_CHECK_VALUE(mb >= 0, "HCCL_BUFFSIZE must be a positive number of MB, got ", mb);
-    buffer_bytes_ = mb > 0 ? static_cast<size_t>(mb) << 20 : CommConfig{}.buffer_bytes;
+    buffer_bytes_ = mb > 0 ? static_cast<size_t>(mb) << 20 : default_buffer_bytes();
   }
   async_error_handling_ = env_int("TORCH_HCCL_ASYNC_ERROR_HANDLING", 1);
   blocking_wait_ = env_int("TORCH_HCCL_BLOCKING_WAIT", 0) != 0;
@@ -150,7 +120,7 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
 }
 
 void ProcessGroupHCCL::connect() {
-  const bool gloo_only = gloo_forced();  // a bad value fails here, before any rank waits on this one
+  const bool gloo_only = gloo_communicator_forced();  // a bad value fails here, before any rank waits
   // Keys are namespaced by how many hccl groups this rank built on this store before, so building
   // twice on one store (as torch may) pairs the k-th construction of every rank with each other.
   const std::string ns =
@@ -185,64 +155,20 @@ void ProcessGroupHCCL::connect() {
   comm_name_ = (job.empty() ? "" : job + "_") + token + "_n" + std::to_string(topo_.node);
 
   // 3. The group's communicator, chosen once from the topology.
-  if (gloo_only) {
-    comm_ = connect_gloo(ns, "gloo_all", rank_, size_);
-  } else if (topo_.num_nodes() == 1) {
-    comm_ = connect_shm(ns);
-  } else {
-    // Gloo among all ranks (all_to_all, gather, scatter, p2p between nodes) and among node leaders.
-    auto intra = connect_shm(ns);
-    auto all = connect_gloo(ns, "gloo_all", rank_, size_);
-    std::unique_ptr<Communicator> leaders;
-    if (topo_.is_leader()) leaders = connect_gloo(ns, "gloo_leaders", topo_.node, topo_.num_nodes());
-    comm_ = std::make_unique<HierarchicalCommunicator>(topo_, std::move(intra), std::move(all),
-                                                       std::move(leaders));
+  CommunicatorSetup setup;
+  setup.store = store_;
+  setup.key_prefix = ns;
+  setup.name = comm_name_;
+  setup.group_name = options_->group_name;
+  setup.topology = topo_;
+  const auto& g = options_->global_ranks_in_group;
+  for (int r = 0; r < size_; ++r) {
+    setup.global_ranks.push_back(static_cast<int>(g.size()) == size_ ? static_cast<int>(g[r]) : r);
   }
-}
-
-// The node's shared-memory communicator over this group's ranks on the node.
-std::unique_ptr<Communicator> ProcessGroupHCCL::connect_shm(const std::string& ns) {
-  CommConfig cfg;
-  cfg.name = comm_name_;
-  cfg.rank = topo_.local_rank;
-  cfg.size = topo_.local_size();
-  cfg.buffer_bytes = buffer_bytes_;
-  cfg.timeout = timeout_;
-  for (int r : topo_.local_ranks()) {
-    const auto& g = options_->global_ranks_in_group;
-    cfg.global_ranks.push_back(static_cast<int>(g.size()) == size_ ? static_cast<int>(g[r]) : r);
-  }
-  // npu tensors live in shareable memfd segments of the npu allocator: let the engine map peers' tensors.
-  if (g_api && g_api->shared_memory_lookup) {
-    auto lookup = g_api->shared_memory_lookup;
-    cfg.shared_resolver = [lookup](const void* p, size_t bytes, SharedBuffer* out) {
-      NpudistSharedRef r{};
-      if (!lookup(p, bytes, &r)) return false;
-      *out = SharedBuffer{r.fd, r.segment_id, r.segment_size, r.offset, r.epoch};
-      return true;
-    };
-  }
-  StoreBootstrap boot(store_, ns + "eng/n" + std::to_string(topo_.node) + "/", connect_timeout_);
-  try {
-    return std::make_unique<ShmCommunicator>(ShmEngine::connect(cfg, boot));
-  } catch (const std::exception& e) {
-    C10_THROW_ERROR(DistBackendError,
-                    c10::str("hccl: connecting the shared-memory communicator of group '",
-                             options_->group_name, "' failed on rank ", rank_, ": ", e.what()));
-  }
-}
-
-// A Gloo communicator on its own key space of the group's store.
-std::unique_ptr<Communicator> ProcessGroupHCCL::connect_gloo(const std::string& ns, const std::string& name,
-                                                             int rank, int size) {
-  auto store = c10::make_intrusive<c10d::PrefixStore>(ns + name, store_);
-  try {
-    return GlooCommunicator::connect(store, rank, size, timeout_);
-  } catch (const std::exception& e) {
-    C10_THROW_ERROR(DistBackendError,
-                    c10::str("hccl: connecting the Gloo communicator (", name, ") of group '",
-                             options_->group_name, "' failed on rank ", rank_, ": ", e.what()));
-  }
+  setup.buffer_bytes = buffer_bytes_;
+  setup.timeout = timeout_;
+  setup.connect_timeout = connect_timeout_;
+  comm_ = make_communicator(setup, gloo_only);
 }
 
 ProcessGroupHCCL::~ProcessGroupHCCL() {

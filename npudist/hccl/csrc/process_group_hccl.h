@@ -1,8 +1,9 @@
 // ProcessGroupHCCL: the c10d::Backend behind `init_process_group("hccl")`.
 //
-// Every op goes through the group's Communicator (communicator.h), chosen once at construction from
-// the topology: shared memory when the group lives on one node, hierarchical (shm inside nodes, Gloo
-// between them) otherwise, Gloo alone when NPUDIST_HCCL_COMMUNICATOR=gloo.
+// Every op goes through the group's Communicator (the seam, include/npudist/communicator.h), which
+// make_communicator (communicator_factory.h) chooses once at construction from the topology: shared
+// memory when the group lives on one node, hierarchical (shm inside nodes, Gloo between them) otherwise,
+// Gloo alone when NPUDIST_HCCL_COMMUNICATOR=gloo.
 // Execution: small synchronous ops run on the calling thread; asynchronous ones on a per-group worker
 // lane (p2p: one lane per peer and direction). npu tensors are protected with record_stream on the
 // group's comm stream, which carries a fence that completes with the op.
@@ -22,7 +23,7 @@
 #include <mutex>
 #include <thread>
 
-#include "communicator.h"
+#include "npudist/communicator.h"
 #include "flight_recorder.h"
 #include "lane.h"
 #include "topology.h"
@@ -144,11 +145,9 @@ class ProcessGroupHCCL : public c10d::Backend {
  private:
   friend class WorkHCCL;
   void connect();
-  std::unique_ptr<Communicator> connect_shm(const std::string& ns);
-  std::unique_ptr<Communicator> connect_gloo(const std::string& ns, const std::string& name, int rank, int size);
   c10::intrusive_ptr<c10d::Work> launch(OpSpec spec);
   void execute(const c10::intrusive_ptr<WorkHCCL>& work);
-  std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool engine_error);
+  std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool comm_error);
   void check_usable(const char* op);
   void check_tensor(const at::Tensor& t, const char* op, const char* what);
   void check_rank(int r, const char* op, const char* what);
@@ -156,8 +155,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   void start_watchdog();
   void watchdog_loop();
 
-  // The ops as Communicator calls (engine_calls.cpp): reduce-op mapping, counts, the ordering stream.
-  Stream stream_of(const at::Tensor& t);
+  // The ops as Communicator calls (communicator_calls.cpp): reduce-op mapping, counts, the ordering stream.
+  comm::Stream stream_of(const at::Tensor& t);
   void do_all_reduce(at::Tensor& t, const c10d::ReduceOp& op, uint64_t seq, const char* name);
   void do_broadcast(at::Tensor& t, int root, uint64_t seq, const char* name);
   void do_reduce(at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t seq);
@@ -183,7 +182,7 @@ class ProcessGroupHCCL : public c10d::Backend {
   size_t buffer_bytes_ = 0;
   Topology topo_;
   std::string comm_name_;
-  std::unique_ptr<Communicator> comm_;  // null once shut down
+  std::unique_ptr<comm::Communicator> comm_;  // null once shut down
 
   std::atomic<uint64_t> seq_{0};
   std::atomic<uint64_t> p2p_seq_{0};
@@ -262,13 +261,12 @@ class WorkHCCL : public c10d::Work {
  private:
   // wait() without blocking the host: order the caller's current npu stream after this op.
   bool wait_on_stream();
+  void close_profiling_event();
 };
 
 // Mapping helpers shared by the translation units.
-DataType to_engine_dtype(at::ScalarType t, const char* op);
+// The seam's element type of a tensor dtype; a dtype hccl cannot move is a ValueError naming `op`.
+comm::ElementType element_type_of(at::ScalarType t, const char* op);
 std::string describe_shapes(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out);
-
-// Device runtime C table handed over from Python (npudist._C._runtime_api()).
-void set_runtime_api(uintptr_t address);
 
 }  // namespace npudist::hccl

@@ -1,7 +1,5 @@
 #include "profiling.h"
 
-#include <torch/csrc/utils/pybind.h>
-
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -105,14 +103,11 @@ void CollectiveScope::end() {
   g_api->record_collective(&e);
 }
 
-void init_bindings(pybind11::module_& m) {
-  m.def("_set_profiler_api", [](uintptr_t addr) {
-    const auto* api = reinterpret_cast<const NpudistProfilerApi*>(addr);
-    TORCH_CHECK(api && api->version == NPUDIST_PROFILER_API_VERSION,
-                "hccl: npudist._C and npudist.hccl._C were built from different sources (profiler table "
-                "version mismatch); rebuild both extensions");
-    g_api = api;
-  });
+void set_api(const NpudistProfilerApi* api) {
+  TORCH_CHECK(api && api->version == NPUDIST_PROFILER_API_VERSION,
+              "hccl: npudist._C and npudist.hccl._C were built from different sources (profiler table "
+              "version mismatch); rebuild both extensions");
+  g_api = api;
 }
 
 }  // namespace npudist::hccl::profiling

@@ -8,8 +8,6 @@
 
 #include "npudist/profiler_c_api.h"
 
-namespace pybind11 { class module_; }
-
 namespace npudist::hccl {
 
 class WorkHCCL;
@@ -48,8 +46,8 @@ class CollectiveScope {
   int64_t start_ns_ = 0;
 };
 
-// `_set_profiler_api(address)`: the hand-over from Python (npudist.hccl._hand_over_runtime).
-void init_bindings(pybind11::module_& m);
+// The hand-over from Python (`_set_profiler_api(capsule)`, npudist.hccl._hand_over_runtime).
+void set_api(const NpudistProfilerApi* api);
 
 }  // namespace profiling
 }  // namespace npudist::hccl
