@@ -118,8 +118,9 @@ def _builtin_tp(spec, layout):
 
 
 def _retie(model: nn.Module, tied) -> None:
-    """Re-share tied weights after ``.to(device)``: Module.to keeps shared parameters shared only for device
-    types PyTorch knows as shallow-copy compatible (CPU, CUDA, ...), not for PrivateUse1 devices like npu."""
+    """Re-share tied weights after ``.to(device)``. Module.to keeps shared parameters shared where it moves
+    them in place (cpu, cuda, and npu, which registers the shallow-copy check: device/shallow_copy.py); on a
+    device where it builds new Parameter objects instead, each use of a tied weight would get its own copy."""
     for owner, user in tied:
         model.get_submodule(user).weight = model.get_submodule(owner).weight
 
