@@ -97,3 +97,28 @@ def test_two_rank_pipeline_run(tmp_path):
     shown = [ln.split("step ")[1].split(" ")[0] for ln in res.stdout.splitlines() if "| loss" in ln]
     assert shown == ["1/6", "4/6", "6/6"], res.stdout[-2000:]
     assert f"metrics: {tmp_path / 'm.jsonl'}" in res.stdout
+
+
+@pytest.mark.timeout(240)
+def test_moe_with_context_and_expert_parallel_under_npurun(tmp_path):
+    """The moe model with cp 2 (Ulysses) and ep 2 on the same 2 ranks: it learns, and every step logs the
+    routed token slots per expert (8 sequences x 32 tokens x top-2 x 1 MoE block per step, all ranks)."""
+    res = _run(tmp_path, ["--model.name", "moe", "--model.n_experts", "4", "--model.moe_hidden_dim", "32",
+                          "--parallel.cp_degree", "2", "--parallel.cp.method", "ulysses",
+                          "--parallel.ep_degree", "2", "--parallel.dp_shard_degree", "1"],
+               nproc=2, timeout=220, steps=10, lr=1e-2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "experts min/max" in res.stdout
+    recs = _metrics(tmp_path)
+    assert len(recs) == 10 and all(sum(r["expert_load"]) == 8 * 32 * 2 for r in recs)
+    assert recs[-1]["loss"] < recs[0]["loss"] - 0.3
+
+
+@pytest.mark.timeout(60)
+def test_cp_and_ep_plan_errors_before_any_rank_starts(tmp_path):
+    res = _run(tmp_path, ["--parallel.cp_degree", "2", "--data.seq_len", "30", "--parallel.ep_degree", "2"],
+               nproc=2, steps=2, lr=1e-3)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert res.stderr.count("invalid plan") == 1 and "2 errors" in res.stderr, res.stderr
+    assert "data.seq_len: 30 is not divisible by 2 x parallel.cp_degree = 4" in res.stderr
+    assert "parallel.ep_degree: the llama model has no experts" in res.stderr
