@@ -1,14 +1,13 @@
 """An ACL extension (examples/acl_extension) built against the CANN home: its ACL calls run on torch's npu
 streams in order with torch kernels, its aclrtMalloc memory is an npu tensor, its errors are ACL codes."""
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from conftest import REPO
+from example_build import build_example
 
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from runtime_ext import HostGate  # noqa: E402
@@ -19,25 +18,7 @@ BUILD_TIMEOUT = 500  # s; well under a minute on an idle 2-core machine
 
 @pytest.fixture(scope="module")
 def acl_ext(tmp_path_factory):
-    build_dir = str(tmp_path_factory.mktemp("acl_ext"))
-    code = f"import sys; sys.path.insert(0, {EXAMPLE!r}); import run; run.build({build_dir!r})"
-    env = dict(os.environ, MAX_JOBS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # Compiled niced in a child (its own session, killed whole on timeout); this process loads the cached build.
-    proc = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=BUILD_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"building the ACL example took more than {BUILD_TIMEOUT} s")
-    assert proc.returncode == 0, out[-3000:] + err[-5000:]
-    sys.path.insert(0, EXAMPLE)
-    try:
-        import run
-    finally:
-        sys.path.remove(EXAMPLE)
-    return run.build(build_dir)
+    return build_example(EXAMPLE, str(tmp_path_factory.mktemp("acl_ext")), BUILD_TIMEOUT)
 
 
 def _blocking_launch() -> bool:

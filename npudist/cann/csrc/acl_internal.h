@@ -22,6 +22,18 @@ aclError from_status(const NpudistRuntimeApi* rt, npudist_status status, const c
 bool resolve_stream(const NpudistRuntimeApi* rt, aclrtStream stream, const char* call, int32_t* device,
                     int64_t* id);
 
+// The shape of every call on a stream: resolve the handle, run f(rt, device, stream id) -> npudist_status,
+// report its status as an ACL error named after `call`.
+template <class F>
+aclError on_stream(aclrtStream stream, const char* call, F&& f) {
+  const NpudistRuntimeApi* rt = runtime();
+  if (!rt) return ACL_ERROR_UNINITIALIZE;
+  int32_t device;
+  int64_t id;
+  if (!resolve_stream(rt, stream, call, &device, &id)) return ACL_ERROR_INVALID_PARAM;
+  return from_status(rt, f(rt, device, id), call);
+}
+
 }  // namespace npudist::acl
 
 // Every ACL entry point starts with this: the runtime or the ACL error saying how to get one.

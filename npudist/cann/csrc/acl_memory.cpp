@@ -88,15 +88,14 @@ void run_copy(void* arg) {
   delete t;
 }
 
-aclError launch_copy(const NpudistRuntimeApi* rt, aclrtStream stream, const char* call, CopyTask task) {
-  int32_t device;
-  int64_t id;
-  if (!npudist::acl::resolve_stream(rt, stream, call, &device, &id)) return ACL_ERROR_INVALID_PARAM;
+aclError launch_copy(aclrtStream stream, const char* call, const CopyTask& task) {
   auto* t = new (std::nothrow) CopyTask(task);
   if (!t) return fail(ACL_ERROR_BAD_ALLOC, std::string(call) + ": out of host memory");
-  npudist_status s = rt->launch_host_func(device, id, &run_copy, t);
-  if (s != NPUDIST_SUCCESS) delete t;
-  return from_status(rt, s, call);
+  aclError e = npudist::acl::on_stream(stream, call, [&](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    return rt->launch_host_func(device, id, &run_copy, t);
+  });
+  if (e != ACL_SUCCESS) delete t;  // not queued
+  return e;
 }
 
 }  // namespace
@@ -258,7 +257,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
   aclError e = check_copy("aclrtMemcpyAsync", dst, destMax, src, count, kind);
   if (e != ACL_SUCCESS) return e;
   ACL_RUNTIME_OR_RETURN(rt);
-  return launch_copy(rt, stream, "aclrtMemcpyAsync", CopyTask{rt, dst, src, count, static_cast<int>(kind), 0});
+  return launch_copy(stream, "aclrtMemcpyAsync", CopyTask{rt, dst, src, count, static_cast<int>(kind), 0});
 }
 
 aclError aclrtMemset(void* devPtr, size_t maxCount, int32_t value, size_t count) {
@@ -272,7 +271,7 @@ aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value, size_t c
   if (count > maxCount) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemsetAsync: count exceeds maxCount");
   if (count && !devPtr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemsetAsync: devPtr is null");
   ACL_RUNTIME_OR_RETURN(rt);
-  return launch_copy(rt, stream, "aclrtMemsetAsync", CopyTask{rt, devPtr, nullptr, count, -1, value});
+  return launch_copy(stream, "aclrtMemsetAsync", CopyTask{rt, devPtr, nullptr, count, -1, value});
 }
 
 }  // extern "C"

@@ -8,7 +8,7 @@
 
 using npudist::acl::fail;
 using npudist::acl::from_status;
-using npudist::acl::resolve_stream;
+using npudist::acl::on_stream;
 
 namespace {
 
@@ -38,30 +38,23 @@ aclError aclrtCreateStream(aclrtStream* stream) {
 // Waits for the stream's work first, so host functions and copies still queued never outlive the handle.
 aclError aclrtDestroyStream(aclrtStream stream) {
   if (!stream) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: the default stream (null) cannot be destroyed");
-  ACL_RUNTIME_OR_RETURN(rt);
-  int32_t device;
-  int64_t id;
-  if (!resolve_stream(rt, stream, "aclrtDestroyStream", &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  npudist_status s = rt->stream_synchronize(device, id);
-  if (s == NPUDIST_SUCCESS) s = rt->stream_destroy(device, id);
-  return from_status(rt, s, "aclrtDestroyStream");
+  return on_stream(stream, "aclrtDestroyStream", [](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    npudist_status s = rt->stream_synchronize(device, id);
+    return s == NPUDIST_SUCCESS ? rt->stream_destroy(device, id) : s;
+  });
 }
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {
-  ACL_RUNTIME_OR_RETURN(rt);
-  int32_t device;
-  int64_t id;
-  if (!resolve_stream(rt, stream, "aclrtSynchronizeStream", &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  return from_status(rt, rt->stream_synchronize(device, id), "aclrtSynchronizeStream");
+  return on_stream(stream, "aclrtSynchronizeStream", [](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    return rt->stream_synchronize(device, id);
+  });
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   if (aclError e = check_event(event, "aclrtStreamWaitEvent")) return e;
-  ACL_RUNTIME_OR_RETURN(rt);
-  int32_t device;
-  int64_t id;
-  if (!resolve_stream(rt, stream, "aclrtStreamWaitEvent", &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  return from_status(rt, rt->stream_wait_event(as_event(event), device, id), "aclrtStreamWaitEvent");
+  return on_stream(stream, "aclrtStreamWaitEvent", [&](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    return rt->stream_wait_event(as_event(event), device, id);
+  });
 }
 
 // fn runs on the stream's worker thread once the work queued before it has run; the stream waits for it
@@ -72,20 +65,16 @@ aclError aclrtLaunchCallback(aclrtCallback fn, void* userData, aclrtCallbackBloc
     return fail(ACL_ERROR_INVALID_PARAM, "aclrtLaunchCallback: unknown aclrtCallbackBlockType " +
                                              std::to_string(static_cast<int>(blockType)));
   }
-  ACL_RUNTIME_OR_RETURN(rt);
-  int32_t device;
-  int64_t id;
-  if (!resolve_stream(rt, stream, "aclrtLaunchCallback", &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  return from_status(rt, rt->launch_host_func(device, id, fn, userData), "aclrtLaunchCallback");
+  return on_stream(stream, "aclrtLaunchCallback", [&](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    return rt->launch_host_func(device, id, fn, userData);
+  });
 }
 
 aclError aclrtLaunchHostFunc(aclrtStream stream, aclrtHostFunc fn, void* args) {
   if (!fn) return fail(ACL_ERROR_INVALID_PARAM, "aclrtLaunchHostFunc: fn is null");
-  ACL_RUNTIME_OR_RETURN(rt);
-  int32_t device;
-  int64_t id;
-  if (!resolve_stream(rt, stream, "aclrtLaunchHostFunc", &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  return from_status(rt, rt->launch_host_func(device, id, fn, args), "aclrtLaunchHostFunc");
+  return on_stream(stream, "aclrtLaunchHostFunc", [&](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    return rt->launch_host_func(device, id, fn, args);
+  });
 }
 
 aclError aclrtCreateEvent(aclrtEvent* event) {
@@ -117,11 +106,9 @@ aclError aclrtDestroyEvent(aclrtEvent event) {
 
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
   if (aclError e = check_event(event, "aclrtRecordEvent")) return e;
-  ACL_RUNTIME_OR_RETURN(rt);
-  int32_t device;
-  int64_t id;
-  if (!resolve_stream(rt, stream, "aclrtRecordEvent", &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  return from_status(rt, rt->event_record(as_event(event), device, id), "aclrtRecordEvent");
+  return on_stream(stream, "aclrtRecordEvent", [&](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
+    return rt->event_record(as_event(event), device, id);
+  });
 }
 
 aclError aclrtSynchronizeEvent(aclrtEvent event) {
