@@ -1,14 +1,12 @@
 """A user's C++ extension (examples/cpp_extension) registers a PrivateUse1 kernel with <npudist/extension.h>:
 built once per session (niced, in a temporary directory), then run on npu tensors."""
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from conftest import REPO
+from example_build import build_example
 
 EXAMPLE = os.path.join(REPO, "examples", "cpp_extension")
 BUILD_TIMEOUT = 500  # s; the build takes well under a minute on an idle 2-core machine
@@ -16,26 +14,7 @@ BUILD_TIMEOUT = 500  # s; the build takes well under a minute on an idle 2-core 
 
 @pytest.fixture(scope="session")
 def example_ext(tmp_path_factory):
-    build_dir = str(tmp_path_factory.mktemp("npu_cpp_ext"))
-    code = f"import sys; sys.path.insert(0, {EXAMPLE!r}); import run; run.build({build_dir!r})"
-    env = dict(os.environ, MAX_JOBS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # The compile runs niced in a child (its own session, killed whole on timeout: ninja and the compiler too);
-    # this process then loads the cached build.
-    proc = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=BUILD_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"building the example extension took more than {BUILD_TIMEOUT} s")
-    assert proc.returncode == 0, out[-3000:] + err[-5000:]
-    sys.path.insert(0, EXAMPLE)
-    try:
-        import run
-    finally:
-        sys.path.remove(EXAMPLE)
-    return run.build(build_dir)
+    return build_example(EXAMPLE, str(tmp_path_factory.mktemp("npu_cpp_ext")), BUILD_TIMEOUT)
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT + 60)
