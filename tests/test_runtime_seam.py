@@ -104,13 +104,17 @@ def _host_memory_section() -> str:
         return f.read().split("### Where the emulation assumes device memory is host memory", 1)[-1]
 
 
-def test_backends_doc_lists_every_host_memory_marker():
+def check_doc_lists_markers(sources: dict[str, str]) -> None:
+    """docs/backends.md has one table row per HOST-MEMORY marker of each source (repo path -> text)."""
     section = _host_memory_section()
-    for rel in HOST_MEMORY_FILES:
-        markers = _read(rel).count("HOST-MEMORY:")
-        rows = section.count(f"| `device_core/{rel}` |")
-        assert rows == markers, f"device_core/{rel} has {markers} HOST-MEMORY markers but docs/backends.md " \
-                                f"lists {rows} places in it (one table row per marker)"
+    for path, text in sources.items():
+        markers, rows = text.count("HOST-MEMORY:"), section.count(f"| `{path}` |")
+        assert rows == markers, f"{path} has {markers} HOST-MEMORY markers but docs/backends.md lists {rows} " \
+                                "places in it (one table row per marker)"
+
+
+def test_backends_doc_lists_every_host_memory_marker():
+    check_doc_lists_markers({f"device_core/{rel}": _read(rel) for rel in HOST_MEMORY_FILES})
 
 
 # --- the communicator seam (npudist/hccl) ---------------------------------------------------------------
@@ -178,12 +182,7 @@ def test_hccl_host_memory_markers_only_in_the_communicators():
             if re.search(r"\b(from_blob|std::memcpy)\(", line):
                 window = "\n".join(lines[max(0, i - 4):i])
                 assert "HOST-MEMORY:" in window, f"npudist/hccl/{rel}:{i + 1} touches caller memory unmarked"
-    section = _host_memory_section()
-    for rel in HCCL_HOST_MEMORY_FILES:
-        markers = _hccl_read(rel).count("HOST-MEMORY:")
-        rows = section.count(f"| `npudist/hccl/{rel}` |")
-        assert rows == markers, f"npudist/hccl/{rel} has {markers} HOST-MEMORY markers but docs/backends.md " \
-                                f"lists {rows} places in it (one table row per marker)"
+    check_doc_lists_markers({f"npudist/hccl/{rel}": _hccl_read(rel) for rel in HCCL_HOST_MEMORY_FILES})
 
 
 def test_c_tables_reach_hccl_as_named_capsules():

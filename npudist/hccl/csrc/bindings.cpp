@@ -48,13 +48,22 @@ void set_config(HCCLOptions& o, const py::dict& d) {
   }
 }
 
-// The C table inside a PyCapsule from npudist._C; a wrong object is a TypeError naming the capsule expected.
-const void* table_of(const py::object& capsule, const char* name, const char* setter, const char* getter) {
-  if (!PyCapsule_IsValid(capsule.ptr(), name)) {
-    throw py::type_error(std::string(setter) + ": expected the PyCapsule '" + name + "' returned by npudist._C." +
-                         getter + "(), got " + std::string(py::str(capsule.get_type().attr("__name__"))));
-  }
-  return PyCapsule_GetPointer(capsule.ptr(), name);
+// `setter(capsule)`: installs the C table of type Table that npudist._C's `getter()` returns as a PyCapsule
+// named `name`; any other object is a TypeError naming the capsule expected.
+template <class Table>
+void def_table_setter(py::module_& m, const char* setter, const char* getter, const char* name,
+                      void (*install)(const Table*), const char* doc) {
+  m.def(
+      setter,
+      [=](const py::object& capsule) {
+        if (!PyCapsule_IsValid(capsule.ptr(), name)) {
+          throw py::type_error(std::string(setter) + ": expected the PyCapsule '" + name +
+                               "' returned by npudist._C." + getter + "(), got " +
+                               std::string(py::str(capsule.get_type().attr("__name__"))));
+        }
+        install(static_cast<const Table*>(PyCapsule_GetPointer(capsule.ptr(), name)));
+      },
+      doc);
 }
 
 }  // namespace
@@ -111,27 +120,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("perform_nocolor_split", [](ProcessGroupHCCL&, const c10::Device&) {})
       .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
 
-  m.def(
-      "_set_runtime_api",
-      [](const py::object& capsule) {
-        set_runtime_api(static_cast<const NpudistRuntimeApi*>(
-            table_of(capsule, NPUDIST_RUNTIME_API_CAPSULE, "_set_runtime_api", "_runtime_api")));
-      },
-      "Install the device runtime's C table (the capsule from npudist._C._runtime_api()).");
-  m.def(
-      "_set_launch_api",
-      [](const py::object& capsule) {
-        set_launch_api(static_cast<const NpudistLaunchApi*>(
-            table_of(capsule, NPUDIST_LAUNCH_API_CAPSULE, "_set_launch_api", "_launch_api")));
-      },
-      "Install npudist._C's launch table (the capsule from npudist._C._launch_api()).");
-  m.def(
-      "_set_profiler_api",
-      [](const py::object& capsule) {
-        profiling::set_api(static_cast<const NpudistProfilerApi*>(
-            table_of(capsule, NPUDIST_PROFILER_API_CAPSULE, "_set_profiler_api", "_profiler_api")));
-      },
-      "Install npudist._C's device profiler table (the capsule from npudist._C._profiler_api()).");
+  def_table_setter<NpudistRuntimeApi>(m, "_set_runtime_api", "_runtime_api", NPUDIST_RUNTIME_API_CAPSULE,
+                                      &set_runtime_api, "Install the device runtime's C table.");
+  def_table_setter<NpudistLaunchApi>(m, "_set_launch_api", "_launch_api", NPUDIST_LAUNCH_API_CAPSULE, &set_launch_api,
+                                     "Install npudist._C's launch table.");
+  def_table_setter<NpudistProfilerApi>(m, "_set_profiler_api", "_profiler_api", NPUDIST_PROFILER_API_CAPSULE,
+                                       &profiling::set_api, "Install npudist._C's device profiler table.");
   m.def(
       "_dump_trace_json", [](int global_rank, const std::string& reason) { return dump_all_json(global_rank, reason); },
       py::arg("global_rank"), py::arg("reason") = "on demand");

@@ -125,7 +125,9 @@ void ProcessGroupHCCL::do_scatter(const at::Tensor* in, at::Tensor& out, int roo
                  comm::CollectiveInfo{"scatter", seq}, stream_of(out));
 }
 
-void ProcessGroupHCCL::do_barrier(uint64_t seq) { comm_->barrier(comm::CollectiveInfo{"barrier", seq}, comm::Stream{}); }
+void ProcessGroupHCCL::do_barrier(uint64_t seq) {
+  comm_->barrier(comm::CollectiveInfo{"barrier", seq}, comm::Stream{});
+}
 
 void ProcessGroupHCCL::do_send(const at::Tensor& t, int peer, int tag) {
   comm_->send(t.data_ptr(), count_of(t), type_of(t, "send"), peer, tag, stream_of(t));

@@ -124,8 +124,9 @@ int ProcessGroupHCCL::recv_any(at::Tensor& t, int tag) {
     start = (start + 1) % locals.size();
     if (aborted_) throw comm::CommError(comm::FailureKind::kAborted, "group was aborted: " + abort_reason_);
     if (std::chrono::steady_clock::now() >= deadline) {
-      throw comm::CommError(comm::FailureKind::kTimeout, c10::str("npudist engine: no rank sent a message with tag ", tag,
-                                                      " to rank ", rank_, " within ", timeout_.count(), " ms"));
+      throw comm::CommError(comm::FailureKind::kTimeout,
+                            c10::str("npudist engine: no rank sent a message with tag ", tag, " to rank ", rank_,
+                                     " within ", timeout_.count(), " ms"));
     }
     // Sleep rather than spin: the sender may need this core.
     std::this_thread::sleep_for(pause);

@@ -152,8 +152,8 @@ void GlooCommunicator::all_reduce(const void* in, void* out, size_t count, comm:
   combine_into(outs[0], out, count, t, op, scale);
 }
 
-void GlooCommunicator::broadcast(void* buf, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
-                                 const comm::Stream&) {
+void GlooCommunicator::broadcast(void* buf, size_t count, comm::ElementType t, int root,
+                                 const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
   std::vector<at::Tensor> v{bytes_of(buf, count * comm::element_bytes(t))};
   c10d::BroadcastOptions o;
@@ -161,8 +161,8 @@ void GlooCommunicator::broadcast(void* buf, size_t count, comm::ElementType t, i
   wait(gloo_->broadcast(v, o), info.op);
 }
 
-void GlooCommunicator::reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
-                              int root, const comm::CollectiveInfo& info, const comm::Stream&) {
+void GlooCommunicator::reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op,
+                              double scale, int root, const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
   const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> outs;
@@ -177,8 +177,8 @@ void GlooCommunicator::reduce(const void* in, void* out, size_t count, comm::Ele
   if (rank_ == root) combine_into(outs[0], out, count, t, op, scale);
 }
 
-void GlooCommunicator::all_gather(const void* in, void* out, size_t count, comm::ElementType t, const comm::CollectiveInfo& info,
-                                  const comm::Stream&) {
+void GlooCommunicator::all_gather(const void* in, void* out, size_t count, comm::ElementType t,
+                                  const comm::CollectiveInfo& info, const comm::Stream&) {
   check_usable(info.op);
   const size_t bytes = count * comm::element_bytes(t);
   std::vector<std::vector<at::Tensor>> outs{blocks_of(out, bytes, size_)};
@@ -246,7 +246,8 @@ void GlooCommunicator::barrier(const comm::CollectiveInfo& info, const comm::Str
   wait(gloo_->barrier(c10d::BarrierOptions()), info.op);
 }
 
-void GlooCommunicator::send(const void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream&) {
+void GlooCommunicator::send(const void* buf, size_t count, comm::ElementType t, int peer, int tag,
+                            const comm::Stream&) {
   check_usable("send");
   std::vector<at::Tensor> v{bytes_of(buf, count * comm::element_bytes(t))};
   wait(gloo_->send(v, peer, tag), "send");

@@ -24,25 +24,7 @@ class GlooCommunicator final : public comm::Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
-                  const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void broadcast(void* buf, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale, int root,
-              const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void all_gather(const void* in, void* out, size_t count, comm::ElementType t, const comm::CollectiveInfo& info,
-                  const comm::Stream& s) override;
-  void reduce_scatter(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
-                      const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
-                  const size_t* recv_counts, const size_t* recv_offsets, comm::ElementType t, const comm::CollectiveInfo& info,
-                  const comm::Stream& s) override;
-  void gather(const void* in, void* out, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
-              const comm::Stream& s) override;
-  void scatter(const void* in, void* out, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
-               const comm::Stream& s) override;
-  void barrier(const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void send(const void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) override;
-  void recv(void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) override;
+  NPUDIST_COMMUNICATOR_OPERATIONS
   // Gloo cannot interrupt a wait in progress (it ends at the Gloo timeout); later calls fail at once.
   void abort(const std::string& reason) override;
 

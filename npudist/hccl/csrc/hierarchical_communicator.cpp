@@ -17,16 +17,17 @@ HierarchicalCommunicator::HierarchicalCommunicator(Topology topo, std::unique_pt
   assert(intra_ && all_ && (leaders_ != nullptr) == topo_.is_leader());
 }
 
-void HierarchicalCommunicator::all_reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op,
-                                          double scale, const comm::CollectiveInfo& info, const comm::Stream& s) {
+void HierarchicalCommunicator::all_reduce(const void* in, void* out, size_t count, comm::ElementType t,
+                                          comm::Reduction op, double scale, const comm::CollectiveInfo& info,
+                                          const comm::Stream& s) {
   // Node partials are unscaled; the leaders' exchange applies the scale once.
   intra_->reduce(in, out, count, t, op, 1.0, 0, info, s);
   if (leaders_) leaders_->all_reduce(out, out, count, t, op, scale, info, s);
   intra_->broadcast(out, count, t, 0, info, s);
 }
 
-void HierarchicalCommunicator::broadcast(void* buf, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
-                                         const comm::Stream& s) {
+void HierarchicalCommunicator::broadcast(void* buf, size_t count, comm::ElementType t, int root,
+                                         const comm::CollectiveInfo& info, const comm::Stream& s) {
   const int root_node = topo_.node_of_rank[root];
   if (topo_.node == root_node) intra_->broadcast(buf, count, t, topo_.local_index_of(root), info, s);
   if (leaders_) leaders_->broadcast(buf, count, t, root_node, info, s);
@@ -82,7 +83,8 @@ void HierarchicalCommunicator::reduce_scatter(const void* in, void* out, size_t 
 void HierarchicalCommunicator::all_to_all(const void* in, const size_t* send_counts,
                                           const size_t* send_offsets, void* out,
                                           const size_t* recv_counts, const size_t* recv_offsets,
-                                          comm::ElementType t, const comm::CollectiveInfo& info, const comm::Stream& s) {
+                                          comm::ElementType t, const comm::CollectiveInfo& info,
+                                          const comm::Stream& s) {
   all_->all_to_all(in, send_counts, send_offsets, out, recv_counts, recv_offsets, t, info, s);
 }
 
@@ -110,7 +112,8 @@ void HierarchicalCommunicator::send(const void* buf, size_t count, comm::Element
   all_->send(buf, count, t, peer, tag, s);
 }
 
-void HierarchicalCommunicator::recv(void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) {
+void HierarchicalCommunicator::recv(void* buf, size_t count, comm::ElementType t, int peer, int tag,
+                                    const comm::Stream& s) {
   if (topo_.node_of_rank[peer] == topo_.node) {
     return intra_->recv(buf, count, t, topo_.local_index_of(peer), tag, s);
   }

@@ -14,20 +14,18 @@ namespace {
 
 // The seam's enumerators are declared in the engine's order, so translating is a cast; checked here.
 #define NPUDIST_SAME(seam, engine, name) (static_cast<int>(seam::name) == static_cast<int>(engine::name))
-static_assert(NPUDIST_SAME(comm::ElementType, DataType, kFloat32) && NPUDIST_SAME(comm::ElementType, DataType, kFloat64) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kFloat16) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kBFloat16) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kInt8) && NPUDIST_SAME(comm::ElementType, DataType, kUInt8) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kInt16) && NPUDIST_SAME(comm::ElementType, DataType, kInt32) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kInt64) && NPUDIST_SAME(comm::ElementType, DataType, kBool) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kComplex64) &&
-                  NPUDIST_SAME(comm::ElementType, DataType, kComplex128),
+#define NPUDIST_SAME_TYPE(name) NPUDIST_SAME(comm::ElementType, DataType, name)
+static_assert(NPUDIST_SAME_TYPE(kFloat32) && NPUDIST_SAME_TYPE(kFloat64) && NPUDIST_SAME_TYPE(kFloat16) &&
+                  NPUDIST_SAME_TYPE(kBFloat16) && NPUDIST_SAME_TYPE(kInt8) && NPUDIST_SAME_TYPE(kUInt8) &&
+                  NPUDIST_SAME_TYPE(kInt16) && NPUDIST_SAME_TYPE(kInt32) && NPUDIST_SAME_TYPE(kInt64) &&
+                  NPUDIST_SAME_TYPE(kBool) && NPUDIST_SAME_TYPE(kComplex64) && NPUDIST_SAME_TYPE(kComplex128),
               "comm::ElementType and the engine's DataType must list the same types in the same order");
-static_assert(NPUDIST_SAME(comm::Reduction, ReduceOp, kSum) && NPUDIST_SAME(comm::Reduction, ReduceOp, kProduct) &&
-                  NPUDIST_SAME(comm::Reduction, ReduceOp, kMin) && NPUDIST_SAME(comm::Reduction, ReduceOp, kMax) &&
-                  NPUDIST_SAME(comm::Reduction, ReduceOp, kBand) && NPUDIST_SAME(comm::Reduction, ReduceOp, kBor) &&
-                  NPUDIST_SAME(comm::Reduction, ReduceOp, kBxor),
+#define NPUDIST_SAME_OP(name) NPUDIST_SAME(comm::Reduction, ReduceOp, name)
+static_assert(NPUDIST_SAME_OP(kSum) && NPUDIST_SAME_OP(kProduct) && NPUDIST_SAME_OP(kMin) && NPUDIST_SAME_OP(kMax) &&
+                  NPUDIST_SAME_OP(kBand) && NPUDIST_SAME_OP(kBor) && NPUDIST_SAME_OP(kBxor),
               "comm::Reduction and the engine's ReduceOp must list the same ops in the same order");
+#undef NPUDIST_SAME_OP
+#undef NPUDIST_SAME_TYPE
 #undef NPUDIST_SAME
 
 DataType engine_type(comm::ElementType t) { return static_cast<DataType>(t); }

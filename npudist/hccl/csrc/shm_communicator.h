@@ -17,26 +17,7 @@ class ShmCommunicator final : public comm::Communicator {
   int rank() const override { return engine_->rank(); }
   int size() const override { return engine_->size(); }
 
-  void all_reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op,
-                  double scale, const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void broadcast(void* buf, size_t count, comm::ElementType t, int root, const comm::CollectiveInfo& info,
-                 const comm::Stream& s) override;
-  void reduce(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op, double scale,
-              int root, const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void all_gather(const void* in, void* out, size_t count, comm::ElementType t, const comm::CollectiveInfo& info,
-                  const comm::Stream& s) override;
-  void reduce_scatter(const void* in, void* out, size_t count, comm::ElementType t, comm::Reduction op,
-                      double scale, const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
-                  const size_t* recv_counts, const size_t* recv_offsets, comm::ElementType t,
-                  const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void gather(const void* in, void* out, size_t count, comm::ElementType t, int root,
-              const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void scatter(const void* in, void* out, size_t count, comm::ElementType t, int root,
-               const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void barrier(const comm::CollectiveInfo& info, const comm::Stream& s) override;
-  void send(const void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) override;
-  void recv(void* buf, size_t count, comm::ElementType t, int peer, int tag, const comm::Stream& s) override;
+  NPUDIST_COMMUNICATOR_OPERATIONS
   bool peek(int peer, int64_t* tag, uint64_t* bytes) override;
   void abort(const std::string& reason) override { engine_->abort(reason); }
   uint64_t zero_copy_ops() const override { return engine_->zero_copy_ops(); }

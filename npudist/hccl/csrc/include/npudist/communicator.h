@@ -123,3 +123,31 @@ class Communicator {
 };
 
 }  // namespace npudist::comm
+
+// Declares the operations of Communicator above as overrides, for the body of an implementation.
+#define NPUDIST_COMMUNICATOR_OPERATIONS                                                                          \
+  void all_reduce(const void* in, void* out, size_t count, ::npudist::comm::ElementType t,                      \
+                  ::npudist::comm::Reduction op, double scale, const ::npudist::comm::CollectiveInfo& info,     \
+                  const ::npudist::comm::Stream& s) override;                                                   \
+  void broadcast(void* buf, size_t count, ::npudist::comm::ElementType t, int root,                            \
+                 const ::npudist::comm::CollectiveInfo& info, const ::npudist::comm::Stream& s) override;       \
+  void reduce(const void* in, void* out, size_t count, ::npudist::comm::ElementType t,                          \
+              ::npudist::comm::Reduction op, double scale, int root, const ::npudist::comm::CollectiveInfo& info, \
+              const ::npudist::comm::Stream& s) override;                                                       \
+  void all_gather(const void* in, void* out, size_t count, ::npudist::comm::ElementType t,                      \
+                  const ::npudist::comm::CollectiveInfo& info, const ::npudist::comm::Stream& s) override;      \
+  void reduce_scatter(const void* in, void* out, size_t count, ::npudist::comm::ElementType t,                  \
+                      ::npudist::comm::Reduction op, double scale, const ::npudist::comm::CollectiveInfo& info, \
+                      const ::npudist::comm::Stream& s) override;                                               \
+  void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,            \
+                  const size_t* recv_counts, const size_t* recv_offsets, ::npudist::comm::ElementType t,       \
+                  const ::npudist::comm::CollectiveInfo& info, const ::npudist::comm::Stream& s) override;      \
+  void gather(const void* in, void* out, size_t count, ::npudist::comm::ElementType t, int root,                \
+              const ::npudist::comm::CollectiveInfo& info, const ::npudist::comm::Stream& s) override;          \
+  void scatter(const void* in, void* out, size_t count, ::npudist::comm::ElementType t, int root,               \
+               const ::npudist::comm::CollectiveInfo& info, const ::npudist::comm::Stream& s) override;         \
+  void barrier(const ::npudist::comm::CollectiveInfo& info, const ::npudist::comm::Stream& s) override;         \
+  void send(const void* buf, size_t count, ::npudist::comm::ElementType t, int peer, int tag,                   \
+            const ::npudist::comm::Stream& s) override;                                                         \
+  void recv(void* buf, size_t count, ::npudist::comm::ElementType t, int peer, int tag,                         \
+            const ::npudist::comm::Stream& s) override;
