@@ -33,15 +33,21 @@ void remove_record() {
   if (g_record) unlink(g_path);
 }
 
-// A forked child must not count its allocations in the parent's record: it starts without one.
+void lock_for_fork() { g_mu.lock(); }
+void unlock_after_fork() { g_mu.unlock(); }
+
+// A forked child must not count its allocations in the parent's record: it starts without one. The lock is
+// held across fork (prepare handlers run in reverse registration order: this one, registered at load, after
+// the caching allocator's, which takes its locks before calling into the runtime).
 void forget_record_in_child() {
   g_record = nullptr;
   g_tried = false;
   g_segments.clear();
   g_reservations.clear();
+  g_mu.unlock();
 }
 
-[[maybe_unused]] const int g_fork_handler = pthread_atfork(nullptr, nullptr, &forget_record_in_child);
+[[maybe_unused]] const int g_fork_handler = pthread_atfork(&lock_for_fork, &unlock_after_fork, &forget_record_in_child);
 
 NpudistUsageRecord* record_locked() {
   if (g_record || g_tried) return g_record;
