@@ -335,20 +335,36 @@ bool WorkHCCL::wait_on_stream() {
     delete arg;
     return false;  // the stream refused the task (e.g. it is being captured): wait on the host instead
   }
+  close_profiling_event();
   return true;
+}
+
+// Ends the op's "hccl:<op>" CPU event, once: when the op completes, or earlier when wait() hands it to the
+// npu stream and returns, so the event never outlives the host's wait (torch.profiler builds its event
+// tree when the profile ends and crashes on an event still open; the npu-side event covers the rest).
+void WorkHCCL::close_profiling_event() {
+  std::function<void()> end;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    end.swap(recordFunctionEndCallback_);
+  }
+  if (end) end();
 }
 
 bool WorkHCCL::wait(std::chrono::milliseconds timeout) {
   observed_ = true;
   if (timeout == kNoTimeout && wait_on_stream()) return true;
-  // Not started yet: run it (and anything queued before it) here instead of waking the lane thread.
-  if (lane_ && !isCompleted()) lane_->run_here(ticket_);
+  // Not started yet: run it (and anything queued before it) here instead of waking the lane thread. Not
+  // under a wait timeout: the op would block this thread for the group's timeout instead of the wait's.
+  if (timeout == kNoTimeout && lane_ && !isCompleted()) lane_->run_here(ticket_);
   std::unique_lock<std::mutex> lk(mutex_);
   if (timeout == kNoTimeout) {
     cv_.wait(lk, [&] { return completed_; });
   } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
+    // "caught collective operation timeout": NCCL's and torch_npu's words, which tools and tests match.
     C10_THROW_ERROR(DistBackendError,
-                    c10::str("hccl: ", describe(), " did not complete within the wait timeout of ",
+                    c10::str("hccl: ", describe(), " caught collective operation timeout: it did not complete "
+                             "within the wait timeout of ",
                              timeout.count(), " ms"));
   }
   if (exception_) std::rethrow_exception(exception_);
@@ -380,10 +396,7 @@ void WorkHCCL::complete(std::exception_ptr error) {
     exception_ = error;
   }
   cv_.notify_all();
-  if (recordFunctionEndCallback_) {  // only the completing thread gets here, once
-    recordFunctionEndCallback_();
-    recordFunctionEndCallback_ = nullptr;
-  }
+  close_profiling_event();
   std::string msg;
   if (error) {
     try {
