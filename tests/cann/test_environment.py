@@ -72,7 +72,8 @@ def test_a_configured_home_is_left_alone(tmp_path):
 @pytest.mark.timeout(200)
 def test_npudist_env_prints_set_env_equivalent():
     # eval in a shell, then a fresh Python finds the home and pyACL without importing torch or npudist first.
-    script = f'eval "$({NPUDIST_CMD} env)" && {sys.executable} -S -c "import os, acl; print(os.environ[\'ASCEND_HOME_PATH\'], acl.get_soc_name())"'
+    probe = "import os, acl; print(os.environ['ASCEND_HOME_PATH'], acl.get_soc_name())"
+    script = f'eval "$({NPUDIST_CMD} env)" && {sys.executable} -S -c "{probe}"'
     res = subprocess.run(["bash", "-c", script], env=_clean_env(), capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [environment.HOME, "NpudistEmulatedNPU"], res.stdout

@@ -58,7 +58,9 @@ def test_acl_memory_is_npu_memory_and_errors_are_acl_codes(acl_ext):
     with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed with ACL error 100000: aclrtMemcpyAsync: "
                                            r"count 4096 exceeds destMax 8"):
         torch.ops.aclops.copy_into(torch.empty(2, device="npu"), torch.empty(1024, device="npu"))
-    with pytest.raises(RuntimeError, match=r"aclrtSynchronizeStream failed with ACL error 100000: .*not a stream handle"):
+    with pytest.raises(RuntimeError,
+                       match=r"aclrtSynchronizeStream failed with ACL error 100000: .*not a stream handle"):
         torch.ops.aclops.sync_bad_stream()
-    with pytest.raises(RuntimeError, match=r"aclrtSetDevice failed with ACL error 107001: .*Invalid npu device index 99"):
+    with pytest.raises(RuntimeError,
+                       match=r"aclrtSetDevice failed with ACL error 107001: .*Invalid npu device index 99"):
         torch.ops.aclops.acl_full(4, 1.0, 99)

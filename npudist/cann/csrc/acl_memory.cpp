@@ -196,13 +196,14 @@ aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (!ptr || size == 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtHostRegisterV2: null ptr or size 0");
   if (flag == 0 || (flag & ~(ACL_HOST_REG_MAPPED | ACL_HOST_REG_PINNED))) {
-    std::snprintf(buf, sizeof(buf), "aclrtHostRegisterV2: unsupported flag 0x%x (ACL_HOST_REG_MAPPED, ACL_HOST_REG_PINNED)",
-                  flag);
+    std::snprintf(buf, sizeof(buf),
+                  "aclrtHostRegisterV2: unsupported flag 0x%x (ACL_HOST_REG_MAPPED, ACL_HOST_REG_PINNED)", flag);
     return fail(ACL_ERROR_INVALID_PARAM, buf);
   }
   if ((flag & ACL_HOST_REG_MAPPED) && (p % 4096 || size % 4096)) {
-    std::snprintf(buf, sizeof(buf), "aclrtHostRegisterV2: ACL_HOST_REG_MAPPED needs 4 KiB-aligned ptr and size (%p, %llu)",
-                  ptr, static_cast<unsigned long long>(size));
+    std::snprintf(buf, sizeof(buf),
+                  "aclrtHostRegisterV2: ACL_HOST_REG_MAPPED needs 4 KiB-aligned ptr and size (%p, %llu)", ptr,
+                  static_cast<unsigned long long>(size));
     return fail(ACL_ERROR_INVALID_PARAM, buf);
   }
   std::lock_guard<std::mutex> g(g_mu);
@@ -229,14 +230,17 @@ aclError aclrtHostUnregister(void* ptr) {
 }
 
 aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag) {
-  if (!pDevice || flag != 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtHostGetDevicePointer: pDevice null or flag not 0");
+  if (!pDevice || flag != 0) {
+    return fail(ACL_ERROR_INVALID_PARAM, "aclrtHostGetDevicePointer: pDevice null or flag not 0");
+  }
   const auto p = reinterpret_cast<uintptr_t>(pHost);
   std::lock_guard<std::mutex> g(g_mu);
   auto it = g_registered.upper_bound(p);
   if (it == g_registered.begin() || p - std::prev(it)->first >= std::prev(it)->second.first ||
       !(std::prev(it)->second.second & ACL_HOST_REG_MAPPED)) {
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "aclrtHostGetDevicePointer: %p is not in a range registered ACL_HOST_REG_MAPPED", pHost);
+    std::snprintf(buf, sizeof(buf), "aclrtHostGetDevicePointer: %p is not in a range registered ACL_HOST_REG_MAPPED",
+                  pHost);
     return fail(ACL_ERROR_INVALID_PARAM, buf);
   }
   *pDevice = pHost;  // the emulated device addresses host memory directly

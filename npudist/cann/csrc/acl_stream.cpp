@@ -37,7 +37,9 @@ aclError aclrtCreateStream(aclrtStream* stream) {
 
 // Waits for the stream's work first, so host functions and copies still queued never outlive the handle.
 aclError aclrtDestroyStream(aclrtStream stream) {
-  if (!stream) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: the default stream (null) cannot be destroyed");
+  if (!stream) {
+    return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: the default stream (null) cannot be destroyed");
+  }
   return on_stream(stream, "aclrtDestroyStream", [](const NpudistRuntimeApi* rt, int32_t device, int64_t id) {
     npudist_status s = rt->stream_synchronize(device, id);
     return s == NPUDIST_SUCCESS ? rt->stream_destroy(device, id) : s;
@@ -91,8 +93,8 @@ aclError aclrtCreateEvent(aclrtEvent* event) {
 aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
   if (flag & ~(ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE)) {
     char buf[120];
-    std::snprintf(buf, sizeof(buf), "aclrtCreateEventWithFlag: unsupported flag 0x%x (ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE)",
-                  flag);
+    std::snprintf(buf, sizeof(buf),
+                  "aclrtCreateEventWithFlag: unsupported flag 0x%x (ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE)", flag);
     return fail(ACL_ERROR_INVALID_PARAM, buf);
   }
   return aclrtCreateEvent(event);
