@@ -4,7 +4,8 @@ import copy
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers",
+                                   reason="transformers is not installed (pinned in requirements-test.txt)")
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("compile")]
 

@@ -19,7 +19,8 @@ def _reports(res):
 
 
 def test_accelerate_picks_npu_and_hccl_and_steps_like_one_process(tmp_path):
-    pytest.importorskip("accelerate")
+    pytest.importorskip("accelerate",
+                        reason="accelerate is not installed (pinned in requirements-test.txt)")
     reports = _reports(run_npurun(["--nproc", "2", str(SCRIPTS / "accelerate_ddp.py")], tmp_path))
     for rank, rep in reports.items():
         assert rep["device"] == rep["param_device"] == f"npu:{rank}"

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers",
+                                   reason="transformers is not installed (pinned in requirements-test.txt)")
 
 import torch_npu  # noqa: E402,F401
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
