@@ -6,13 +6,17 @@
 // Layout (native endian, version 1) in npudist/runtime_usage.h.
 #include "runtime_internal.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -49,9 +53,29 @@ void forget_record_in_child() {
 
 [[maybe_unused]] const int g_fork_handler = pthread_atfork(&lock_for_fork, &unlock_after_fork, &forget_record_in_child);
 
+// Records of processes that no longer exist (killed before their exit handler ran): removed by the next
+// process that creates its record, so /dev/shm does not accumulate them. A pid reused by a live process keeps
+// its stale record until npu-smi, which checks the mapping, removes it.
+void remove_dead_records() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  const size_t prefix_len = std::strlen(NPUDIST_USAGE_PREFIX);
+  while (dirent* e = readdir(dir)) {
+    if (std::strncmp(e->d_name, NPUDIST_USAGE_PREFIX, prefix_len) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name + prefix_len, &end, 10);
+    if (pid <= 0 || *end != '\0' || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    char path[300];
+    std::snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+    unlink(path);
+  }
+  closedir(dir);
+}
+
 NpudistUsageRecord* record_locked() {
   if (g_record || g_tried) return g_record;
   g_tried = true;
+  remove_dead_records();
   std::snprintf(g_path, sizeof(g_path), "/dev/shm/" NPUDIST_USAGE_PREFIX "%d", static_cast<int>(getpid()));
   int fd = open(g_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return nullptr;  // no /dev/shm: this process is simply not listed by npu-smi
