@@ -1,186 +1,35 @@
-// The zero-copy boxed fallback: every aten op without an explicit npu kernel runs its CPU kernel
-// directly on the npu bytes.
+// The zero-copy boxed fallback (op_path.h, docs/op_path.md): every aten op without an explicit npu kernel
+// runs its CPU kernel directly on the npu bytes, inline or queued on the current stream.
 //
 // How: each npu argument is replaced by a CPU alias (a CPU tensor over the same bytes), the CPU kernel
 // runs, and results are mapped back: a returned alias becomes the original npu tensor (in-place, out=),
 // a result on an argument's storage becomes an npu view of that storage, a new result is adopted as npu.
 //
-// Why a CPU-allocator wrapper (and not a copy): new outputs of a CPU kernel are allocated through the
-// CPU allocator. During the fallback a thread-local scope makes the CPU allocator (which we wrap, and
-// which delegates to the original otherwise) allocate from the npu allocator, so every output byte is
-// owned and counted by the npu allocator from birth and adoption is a re-tag, not a copy. The flag is
-// thread-local, so CPU work on other threads is unaffected; temporaries of the kernel are counted too
-// (as device workspace would be). Outputs allocated elsewhere (e.g. on an intra-op worker thread) are
-// detected and copied, so the accounting invariant always holds.
+// Launch (launch.h): under asynchronous launch the first call of a signature runs inline and is checked;
+// later calls allocate the inferred outputs on the calling thread and queue the CPU kernel.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
-
-#include <ATen/EmptyTensor.h>
-#include <ATen/ops/empty_strided.h>
-#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "allocator/npu_allocator.h"
 #include "graph_capture.h"
 #include "launch.h"
 #include "npu_tensor.h"
+#include "op_path.h"
 #include "profiler.h"
+#include "warning_probe.h"
 
-namespace npudist {
+namespace npudist::op_path {
 namespace {
 
-// ------------------------------------------------------------------------------------------------
-// CPU allocator wrapper
-// ------------------------------------------------------------------------------------------------
-thread_local int tls_adopt_device = -1;
-thread_local std::vector<const void*> tls_adopted;
-
-// HOST-MEMORY: CPU kernels write outputs into npu memory; a real device runs device kernels instead.
-class AdoptingCpuAllocator final : public c10::Allocator {
- public:
-  explicit AdoptingCpuAllocator(c10::Allocator* base) : base_(base) { g_base_raw_deleter = base->raw_deleter(); }
-  c10::DataPtr allocate(size_t n) override {
-    if (tls_adopt_device < 0) return base_->allocate(n);
-    c10::DataPtr p = memory::allocator()->allocate(n);
-    p.unsafe_set_device(c10::Device(c10::kCPU));
-    tls_adopted.push_back(p.get());
-    return p;
-  }
-  // raw_allocate (used e.g. by oneDNN/ideep for scratch buffers) frees through raw_deleter(): memory
-  // handed out inside an AdoptScope belongs to the npu allocator and must go back there.
-  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
-  static void raw_delete(void* ptr) {
-    if (memory::owns(ptr)) memory::allocator()->raw_deleter()(ptr);
-    else g_base_raw_deleter(ptr);
-  }
-  static inline c10::DeleterFnPtr g_base_raw_deleter = nullptr;
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-
- private:
-  c10::Allocator* base_;
-};
-
-AdoptingCpuAllocator* g_cpu_wrapper = nullptr;
-
-void decref_storage(void* ctx) { c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx)); }
-
-}  // namespace
-
-void install_cpu_allocator_wrapper() {
-  if (g_cpu_wrapper) return;
-  g_cpu_wrapper = new AdoptingCpuAllocator(c10::GetAllocator(c10::kCPU));
-  c10::SetAllocator(c10::kCPU, g_cpu_wrapper, /*priority=*/100);
-}
-
-AdoptScope::AdoptScope(int device) : prev_device_(tls_adopt_device), prev_size_(tls_adopted.size()) {
-  tls_adopt_device = device;
-}
-AdoptScope::~AdoptScope() {
-  tls_adopt_device = prev_device_;
-  tls_adopted.resize(prev_size_);
-}
-bool AdoptScope::owns(const void* ptr) const {
-  return std::find(tls_adopted.begin() + prev_size_, tls_adopted.end(), ptr) != tls_adopted.end();
-}
-
-// ------------------------------------------------------------------------------------------------
-// Aliases and adoption
-// ------------------------------------------------------------------------------------------------
-// HOST-MEMORY: a CPU storage over the npu bytes; a real device copies to host (aclrtMemcpy D2H) or runs a device kernel.
-c10::Storage cpu_storage_alias(c10::StorageImpl* si) {
-  c10::raw::intrusive_ptr::incref(si);
-  c10::DataPtr dp(si->mutable_data_ptr().get(), si, &decref_storage, c10::Device(c10::kCPU));
-  // Resizable through the wrapper: an out= kernel that resizes its output allocates npu memory, which
-  // the fallback then moves into the npu storage.
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), si->nbytes(),
-                                                            std::move(dp), g_cpu_wrapper, /*resizable=*/true));
-}
-
-at::Tensor cpu_alias(const at::Tensor& t, const c10::Storage* storage_alias) {
-  c10::Storage storage = storage_alias ? *storage_alias : cpu_storage_alias(t.storage().unsafeGetStorageImpl());
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) impl->_set_conj(true);
-  if (t.is_neg()) impl->_set_neg(true);
-  return at::Tensor(std::move(impl));
-}
-
-namespace {
-at::Tensor as_cpu(const at::Tensor& t, const char* what) {
-  if (t.device().type() == kNpu) return cpu_alias(t);
-  TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
-  return t;
-}
-}  // namespace
-
-// HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
-void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  const bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
-  if (src_npu && dst_npu && src.device() == dst.device() && !launch::blocking() && !profiler::active()) {
-    // npu -> npu: a queued kernel, like every other op. The aliases keep both storages alive until it ran.
-    at::Tensor src_cpu = cpu_alias(src), dst_cpu = cpu_alias(dst);
-    launch::enqueue(dst.device().index(), "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
-    return;
-  }
-  // Host <-> npu (and cross-device) copies touch the bytes now, after the queued work of the npu sides:
-  // a D2H copy waits like cudaMemcpy, an H2D copy reads the pageable source before returning (so the
-  // caller may reuse it), whether or not non_blocking was asked for.
-  launch::count_synchronous();
-  if (src_npu) launch::drain(src.device().index());
-  if (dst_npu && !(src_npu && src.device() == dst.device())) launch::drain(dst.device().index());
-  at::Tensor src_cpu = as_cpu(src, "source");
-  at::Tensor dst_cpu = as_cpu(dst, "destination");
-  dst_cpu.copy_(src_cpu, non_blocking);
-}
-
-// HOST-MEMORY: reads the element in place; a real device copies it to the host (aclrtMemcpy D2H) first.
-c10::Scalar read_scalar(const at::Tensor& t) {
-  launch::count_synchronous();
-  launch::drain(t.device().index());
-  return at::_local_scalar_dense(cpu_alias(t));
-}
-
-at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& g) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                   g.dtype());
-  impl->set_sizes_and_strides(g.sizes(), g.strides(), g.storage_offset());
-  if (g.is_conj()) impl->_set_conj(true);
-  if (g.is_neg()) impl->_set_neg(true);
-  return at::Tensor(std::move(impl));
-}
-
-c10::Storage adopt_storage(const c10::Storage& cpu, int device, const AdoptScope& scope) {
-  c10::StorageImpl* si = cpu.unsafeGetStorageImpl();
-  if (si->device().type() == kNpu) return cpu;  // already adopted through another output
-  if (si->data_ptr().get() == nullptr || scope.owns(si->data_ptr().get())) {
-    si->mutable_data_ptr().unsafe_set_device(npu_device(device));
-    si->set_allocator(memory::allocator());
-    return cpu;
-  }
-  DeviceScope ds(device);
-  c10::DataPtr fresh = memory::allocator()->allocate(si->nbytes());
-  if (si->nbytes()) {
-    rt::check(rt::api().memcpy(fresh.get(), si->data(), si->nbytes(), NPUDIST_MEMCPY_HOST_TO_DEVICE));
-  }
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), si->nbytes(),
-                                                            std::move(fresh), memory::allocator(), true));
-}
-
-namespace {
-
-// ------------------------------------------------------------------------------------------------
-// The fallback
-// ------------------------------------------------------------------------------------------------
 struct Alias {
   at::Tensor orig;           // the npu argument
   at::Tensor cpu;            // its CPU alias passed to the kernel
@@ -189,164 +38,11 @@ struct Alias {
   void* orig_data;
 };
 
-// Ops whose CPU kernels legitimately take CPU tensors next to device tensors (as CUDA allows).
-bool allows_cpu_tensors(const c10::OperatorName& name) {
-  const std::string& n = name.name;
-  return n == "aten::index" || n == "aten::index_put_" || n == "aten::_index_put_impl_" || n == "aten::index_put";
-}
-
 [[noreturn]] void fail_device_mismatch(const c10::OperatorHandle& op, const std::string& arg, c10::Device got,
                                        int device) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", arg, " is on ", got,
               ", different from other tensors on ", npu_device(device), " (when checking argument in operator ",
               op.schema().operator_name(), ")");
-}
-
-bool is_optional_generator(const c10::Argument& a) {
-  const auto& t = a.type();
-  return t->kind() == c10::TypeKind::OptionalType &&
-         t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
-}
-
-bool is_optional_tensor_list(const c10::Argument& a) {
-  const auto& t = a.type();
-  if (t->kind() != c10::TypeKind::ListType) return false;
-  const auto& e = t->castRaw<c10::ListType>()->getElementType();
-  return e->kind() == c10::TypeKind::OptionalType &&
-         e->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
-}
-
-bool has_written_argument(const c10::FunctionSchema& schema) {
-  for (const c10::Argument& a : schema.arguments()) {
-    if (a.alias_info() && a.alias_info()->isWrite()) return true;
-  }
-  return false;
-}
-
-// View ops (every return aliases an argument, nothing is written) read no data: they run at once.
-bool is_view_schema(const c10::FunctionSchema& schema) {
-  if (schema.returns().empty() || has_written_argument(schema)) return false;
-  for (const c10::Argument& r : schema.returns()) {
-    if (!r.alias_info() || r.alias_info()->isWrite()) return false;
-  }
-  return true;
-}
-
-bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
-bool is_tensor_list_type(const c10::TypePtr& t) {
-  return t->kind() == c10::TypeKind::ListType && is_tensor_type(t->castRaw<c10::ListType>()->getElementType());
-}
-
-// Ops that may be queued: they return only tensors (a bool/Scalar/int result is data the caller needs
-// now) and their output shapes do not depend on the data. The Meta kernel refuses most data-dependent
-// ops by itself; these are named so that a permissive Meta kernel cannot make them asynchronous.
-bool async_candidate(const c10::FunctionSchema& schema) {
-  static const std::unordered_set<std::string> kDataDependent = {
-      "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select", "aten::unique",
-      "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
-      "aten::unique_dim_consecutive", "aten::repeat_interleave", "aten::bincount", "aten::histc",
-      "aten::histogram", "aten::_local_scalar_dense", "aten::_assert_async", "aten::_assert_scalar",
-      "aten::_print", "aten::equal", "aten::allclose", "aten::is_nonzero"};
-  for (const c10::Argument& r : schema.returns()) {
-    if (!is_tensor_type(r.type()) && !is_tensor_list_type(r.type())) return false;
-  }
-  return kDataDependent.count(schema.name()) == 0;
-}
-
-// The out= overload that runs a functional op's own kernel: only ops whose functional form is the structured
-// delegate of that overload (torchgen's `structured_delegate:`, table generated by setup.py) compute the same
-// thing both ways. Other out= kernels follow their own contract: binary_cross_entropy.out expects a buffer the
-// size of the input and reduces into it; writing a functional result through it gave wrong losses.
-std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
-  static const auto* table = new std::unordered_map<std::string, std::string>{
-#define NPUDIST_STRUCTURED(name, overload, out) {std::string("aten::") + name + "." + overload, out},
-#include "structured_delegates.inc"
-#undef NPUDIST_STRUCTURED
-  };
-  const c10::FunctionSchema& fs = op.schema();
-  auto it = table->find(fs.name() + "." + fs.overload_name());
-  if (it == table->end()) return std::nullopt;
-  auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName(fs.name(), it->second));
-  if (!h || !h->hasSchema()) return std::nullopt;
-  // The structured contract: the functional arguments, then one written keyword-only tensor per return.
-  const c10::FunctionSchema& cs = h->schema();
-  const size_t n = fs.arguments().size(), nout = fs.returns().size();
-  if (cs.arguments().size() != n + nout || cs.returns().size() != nout) return std::nullopt;
-  for (size_t i = 0; i < n; ++i) {
-    if (cs.arguments()[i].name() != fs.arguments()[i].name() || *cs.arguments()[i].type() != *fs.arguments()[i].type()) {
-      return std::nullopt;
-    }
-  }
-  for (size_t i = n; i < n + nout; ++i) {
-    const c10::Argument& a = cs.arguments()[i];
-    if (!a.kwarg_only() || !is_tensor_type(a.type()) || !a.alias_info() || !a.alias_info()->isWrite()) {
-      return std::nullopt;
-    }
-  }
-  return h;
-}
-
-// Notes whether the code in its scope raised a C++ warning (TORCH_WARN), forwarding each one to the handler it
-// replaced (the Python warning handler of the calling op) or, for a probe whose warnings are not the caller's,
-// swallowing it.
-class WarningProbe final : public c10::WarningHandler {
- public:
-  explicit WarningProbe(bool forward) : prev_(c10::WarningUtils::get_warning_handler()), forward_(forward) {
-    c10::WarningUtils::set_warning_handler(this);
-  }
-  ~WarningProbe() override { c10::WarningUtils::set_warning_handler(prev_); }
-  WarningProbe(const WarningProbe&) = delete;
-  WarningProbe& operator=(const WarningProbe&) = delete;
-  void process(const c10::Warning& warning) override {
-    warned_ = true;
-    if (forward_) prev_->process(warning);
-  }
-  bool warned() const { return warned_; }
-
- private:
-  c10::WarningHandler* prev_;
-  bool forward_;
-  bool warned_ = false;
-};
-
-// What the Meta kernel inferred for one argument signature (see Fallback::signature).
-struct Inferred {
-  struct Out {
-    int arg;  // >= 0: the npu argument (in visiting order) written in place; -1: new tensor; -2: a view
-    std::vector<int64_t> sizes, strides;
-    c10::ScalarType dtype;
-  };
-  bool ok = false;         // false: run synchronously
-  bool view = false;       // every output is a view of an argument: run at once, no data access
-  // Set when every return is a new tensor (no lists) and the op's out= overload provably computes the same
-  // thing into preallocated outputs (find_out_overload, out_form_for): the queued kernel writes them directly.
-  std::optional<c10::OperatorHandle> out_op;
-  std::vector<Out> outs;   // flattened returns
-  std::vector<int64_t> list_sizes;  // per return: -1 for a tensor, else the list's length
-};
-
-class InferredCache {
- public:
-  std::shared_ptr<const Inferred> find(const std::string& key) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = map_.find(key);
-    return it == map_.end() ? nullptr : it->second;
-  }
-  void store(const std::string& key, std::shared_ptr<const Inferred> inf) {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (map_.size() >= kMaxEntries) map_.clear();  // a program with ever-new shapes: start over
-    map_.emplace(key, std::move(inf));
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 8192;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const Inferred>> map_;
-};
-
-InferredCache& inferred_cache() {
-  static auto* cache = new InferredCache();  // never destroyed: ops may run during static destruction
-  return *cache;
 }
 
 class Fallback {
@@ -422,15 +118,15 @@ class Fallback {
     key.reserve(256);  // most keys fit: one allocation instead of a growth per argument
     std::vector<at::Tensor> npu_args;  // in the order to_meta visits them
     npu_args.reserve(4);
-    const bool cacheable = signature(begin, key, npu_args);
-    std::shared_ptr<const Inferred> inf = cacheable ? inferred_cache().find(key) : nullptr;
+    const bool cacheable = signature_key(op_, *stack_, begin, key, npu_args);
+    std::shared_ptr<const Inferred> inf = cacheable ? find_inferred(key) : nullptr;
     if (!inf) {
       // A new signature runs synchronously once, and is queued from then on only if the CPU kernel's outputs
       // matched the Meta kernel's inference exactly (some Meta kernels differ, e.g. _embedding_bag's
       // offset2bag); not cacheable signatures always run synchronously.
       // A signature whose kernel warns stays synchronous too: its warnings are part of the result the caller
       // sees on every call, raised at the call (a queued kernel's warning would arrive at a later point).
-      std::shared_ptr<const Inferred> inferred = cacheable ? infer(begin) : nullptr;
+      std::shared_ptr<const Inferred> inferred = cacheable ? infer_outputs(op_, *stack_, begin, needs_generator_) : nullptr;
       launch::count_synchronous();
       launch::drain(device_);
       std::optional<torch::jit::Stack> call_args;  // for out_form_agrees: run_now replaces them by the returns
@@ -448,7 +144,7 @@ class Fallback {
       if (!cacheable) return true;
       bool bits_changed = false;
       for (size_t i = 0; i < npu_args.size(); ++i) bits_changed |= bits[i] != npu_args[i].is_conj() * 2 + npu_args[i].is_neg();
-      std::shared_ptr<const Inferred> checked = warned || bits_changed ? not_queueable() : verify(inferred, npu_args);
+      std::shared_ptr<const Inferred> checked = warned || bits_changed ? not_queueable() : verify_outputs(op_, inferred, *stack_, npu_args);
       if (checked->out_op) {
         std::vector<at::Tensor> results;
         for (size_t i = stack_->size() - checked->outs.size(); i < stack_->size(); ++i) results.push_back((*stack_)[i].toTensor());
@@ -458,7 +154,7 @@ class Fallback {
           checked = std::move(functional);
         }
       }
-      inferred_cache().store(key, std::move(checked));
+      store_inferred(key, std::move(checked));
       return true;
     }
     if (!inf->ok) return false;
@@ -577,60 +273,6 @@ class Fallback {
     call.clear();  // the results were allocated here: free them here
   }
 
-  // Runs the Meta kernel on meta stand-ins of the arguments and describes the outputs (not ok: the op
-  // runs synchronously).
-  std::shared_ptr<const Inferred> infer(size_t begin) {
-    auto inf = std::make_shared<Inferred>();
-    const auto& args = op_.schema().arguments();
-    metas_.clear();
-    torch::jit::Stack meta(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
-    for (size_t i = 0; i < args.size(); ++i) to_meta(args[i], meta[i]);
-    try {
-      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const std::exception&) {
-      return inf;  // no Meta kernel, data-dependent output, or a bad argument (the CPU kernel reports it)
-    }
-    for (const MetaArg& m : metas_) {
-      if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
-          m.meta.storage_offset() != m.orig.storage_offset() || m.meta.is_conj() != m.orig.is_conj() ||
-          m.meta.is_neg() != m.orig.is_neg()) {
-        return inf;  // the op changes an argument's geometry or conj/neg bit (e.g. an empty out=): synchronous
-      }
-    }
-    bool any_view = false, any_new = false, lists = false;
-    for (const c10::IValue& v : meta) {
-      if (v.isTensor()) {
-        inf->list_sizes.push_back(-1);
-        if (!classify(v.toTensor(), *inf, any_view, any_new)) return inf;
-      } else if (v.isTensorList()) {
-        lists = true;
-        inf->list_sizes.push_back(static_cast<int64_t>(v.toTensorList().size()));
-        for (const at::Tensor& t : v.toTensorList()) {
-          if (!classify(t, *inf, any_view, any_new)) return inf;
-        }
-      } else {
-        return inf;
-      }
-    }
-    if (any_view) {
-      if (any_new || has_written_argument(op_.schema())) return inf;
-      inf->view = true;
-    }
-    // The out= overload is a candidate when every return is a new tensor, nothing is written and no random
-    // numbers are drawn (checking it would draw them again); out_form_agrees decides after the first call.
-    if (any_new && !lists && !needs_generator_ && !has_written_argument(op_.schema()) &&
-        std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg < 0; })) {
-      inf->out_op = find_out_overload(op_);
-    }
-    inf->ok = true;
-    return inf;
-  }
-
-  static std::shared_ptr<const Inferred> not_queueable() {
-    static const auto not_ok = std::make_shared<const Inferred>();
-    return not_ok;
-  }
-
   // Whether the op's out= overload, run on this call's arguments into fresh outputs laid out as inferred,
   // computes exactly the functional results (`results`, bit for bit), in place and without warning. Run once
   // per signature, after the synchronous first call. Why not trust the structured table alone: a structured
@@ -666,195 +308,9 @@ class Fallback {
     return true;
   }
 
-  // `inf` if the synchronous run's returns (on the stack) are exactly what it predicted, else a not-ok one.
-  std::shared_ptr<const Inferred> verify(const std::shared_ptr<const Inferred>& inf,
-                                         const std::vector<at::Tensor>& npu_args) const {
-    const auto& not_ok = not_queueable();
-    if (!inf->ok || inf->view) return inf;
-    const size_t nret = op_.schema().returns().size();
-    if (inf->list_sizes.size() != nret) return not_ok;
-    size_t k = 0;
-    auto matches = [&](const at::Tensor& t) {
-      if (k >= inf->outs.size()) return false;
-      const Inferred::Out& o = inf->outs[k++];
-      if (o.arg >= 0) return t.unsafeGetTensorImpl() == npu_args.at(static_cast<size_t>(o.arg)).unsafeGetTensorImpl();
-      return t.defined() && t.device().type() == kNpu && t.storage_offset() == 0 && t.scalar_type() == o.dtype &&
-             t.sizes() == c10::IntArrayRef(o.sizes) && t.strides() == c10::IntArrayRef(o.strides);
-    };
-    for (size_t r = 0; r < nret; ++r) {
-      const c10::IValue& v = (*stack_)[stack_->size() - nret + r];
-      const int64_t n = inf->list_sizes[r];
-      if (n < 0) {
-        if (!v.isTensor() || !matches(v.toTensor())) return not_ok;
-      } else {
-        if (!v.isTensorList() || static_cast<int64_t>(v.toTensorList().size()) != n) return not_ok;
-        for (const at::Tensor& t : v.toTensorList()) {
-          if (!matches(t)) return not_ok;
-        }
-      }
-    }
-    return k == inf->outs.size() ? inf : not_ok;
-  }
-
-  // A meta return: the meta alias of an argument (written in place), a view of an argument's storage, or
-  // a new dense tensor to allocate. False for what npu outputs cannot be preallocated for.
-  bool classify(const at::Tensor& r, Inferred& inf, bool& any_view, bool& any_new) {
-    if (!r.defined() || !r.is_meta()) return false;
-    for (size_t i = 0; i < metas_.size(); ++i) {
-      if (metas_[i].meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
-        inf.outs.push_back(Inferred::Out{static_cast<int>(i), {}, {}, r.scalar_type()});
-        return true;
-      }
-    }
-    for (const MetaArg& m : metas_) {
-      if (m.meta.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
-        any_view = true;
-        inf.outs.push_back(Inferred::Out{-2, {}, {}, r.scalar_type()});
-        return true;
-      }
-    }
-    if (r.storage_offset() != 0 || !r.is_non_overlapping_and_dense() || r.is_conj() || r.is_neg()) return false;
-    any_new = true;
-    inf.outs.push_back(Inferred::Out{-1, r.sizes().vec(), r.strides().vec(), r.scalar_type()});
-    return true;
-  }
-
-  // The key of everything a Meta kernel can see: per npu tensor its dtype, geometry, storage size and which
-  // earlier argument shares its storage; per CPU tensor its dtype, rank and wrapped-number bit; the values
-  // of all other arguments. False (not cacheable) for argument kinds it does not encode.
-  bool float_values_shape_outputs() const {
-    const std::string& name = op_.schema().name();
-    return name == "aten::arange" || name == "aten::range";
-  }
-
-  bool signature(size_t begin, std::string& key, std::vector<at::Tensor>& npu_args) const {
-    auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
-    auto put_i = [&put](int64_t v) { put(&v, sizeof v); };
-    const void* op_id = &op_.schema();
-    put(&op_id, sizeof op_id);
-    std::vector<const c10::StorageImpl*> storages;
-    auto put_tensor = [&](const at::Tensor& t) {
-      if (!t.defined()) return put_i(-50);
-      put_i(static_cast<int64_t>(t.scalar_type()));
-      if (t.device().type() != kNpu) {
-        put_i(-100 - t.dim());
-        return put_i(t.unsafeGetTensorImpl()->is_wrapped_number());
-      }
-      npu_args.push_back(t);
-      const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-      auto it = std::find(storages.begin(), storages.end(), si);
-      put_i(it - storages.begin());
-      if (it == storages.end()) storages.push_back(si);
-      put_i(static_cast<int64_t>(si->nbytes()));
-      put_i(t.dim());
-      for (int64_t d : t.sizes()) put_i(d);
-      for (int64_t d : t.strides()) put_i(d);
-      put_i(t.storage_offset());
-      put_i(t.is_conj() * 2 + t.is_neg());
-    };
-    const auto& args = op_.schema().arguments();
-    for (size_t i = 0; i < args.size(); ++i) {
-      const c10::IValue& v = (*stack_)[begin + i];
-      // Each kind writes a distinct marker first, so different kinds never produce the same bytes.
-      if (v.isTensor()) {
-        put_i(-1);
-        put_tensor(v.toTensor());
-      } else if (v.isTensorList()) {
-        put_i(-2);
-        put_i(static_cast<int64_t>(v.toTensorList().size()));
-        for (const at::Tensor& t : v.toTensorList()) put_tensor(t);
-      } else if (v.isList() && is_optional_tensor_list(args[i])) {
-        put_i(-3);
-        put_i(static_cast<int64_t>(v.toListRef().size()));
-        for (const c10::IValue& e : v.toListRef()) {
-          if (e.isTensor()) put_tensor(e.toTensor());
-          else put_i(-51);
-        }
-      } else if (v.isInt() || v.isBool()) {
-        put_i(v.isInt() ? -4 : -5);
-        put_i(v.isInt() ? v.toInt() : v.toBool());
-      } else if (v.isDouble()) {
-        // A float's value decides no output geometry except arange/range's length: elsewhere it stays out of
-        // the key, so a scalar that changes every step (Adam's step size in addcdiv_) reuses one signature
-        // instead of running synchronously (draining the stream) each step as a new one.
-        put_i(-6);
-        if (float_values_shape_outputs()) {
-          double d = v.toDouble();
-          put(&d, sizeof d);
-        }
-      } else if (v.isIntList()) {
-        put_i(-7);
-        put_i(static_cast<int64_t>(v.toIntList().size()));
-        for (int64_t x : v.toIntList()) put_i(x);
-      } else if (v.isString()) {
-        put_i(-8);
-        put_i(static_cast<int64_t>(v.toStringRef().size()));
-        key += v.toStringRef();
-      } else if (v.isDevice()) {
-        put_i(-9);
-        put_i(static_cast<int64_t>(v.toDevice().type()));
-      } else if (v.isComplexDouble()) {
-        put_i(-10);
-        c10::complex<double> c = v.toComplexDouble();
-        put(&c, sizeof c);
-      } else if (v.isNone() || v.isGenerator()) {
-        put_i(v.isNone() ? -11 : -12);
-      } else {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  void to_meta(const c10::Argument& arg, c10::IValue& v) {
-    if (v.isTensor()) {
-      v = c10::IValue(meta_of(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(meta_of(t));
-      v = c10::IValue(std::move(out));
-    } else if (v.isList() && is_optional_tensor_list(arg)) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const c10::IValue& e : v.toListRef()) {
-        out.push_back(e.isTensor() ? std::optional<at::Tensor>(meta_of(e.toTensor())) : std::nullopt);
-      }
-      v = c10::IValue(std::move(out));
-    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
-      v = c10::IValue(c10::Device(c10::kMeta));
-    }
-  }
-
-  // A meta tensor with t's geometry; arguments on one npu storage share one meta storage.
-  at::Tensor meta_of(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kNpu) return t;
-    c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-    std::optional<c10::Storage> storage;
-    for (const MetaArg& m : metas_) {
-      if (m.orig.storage().unsafeGetStorageImpl() == si) storage = m.meta.storage();
-    }
-    if (!storage) {
-      storage = c10::Storage(c10::Storage::use_byte_size_t(), si->nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-                             c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-    }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(*storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
-                                                     t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (t.is_conj()) impl->_set_conj(true);
-    if (t.is_neg()) impl->_set_neg(true);
-    at::Tensor m(std::move(impl));
-    metas_.push_back(MetaArg{t, m});
-    return m;
-  }
-
   const char* op_name() const { return op_.schema().name().c_str(); }
 
  private:
-  struct MetaArg {
-    at::Tensor orig;  // the npu argument
-    at::Tensor meta;  // its meta stand-in
-  };
-  c10::SmallVector<MetaArg, 4> metas_;
-
   void note_tensor(const at::Tensor& t, const std::string& name) {
     if (!t.defined()) return;
     c10::Device d = t.device();
@@ -1023,70 +479,12 @@ class Fallback {
   c10::SmallVector<Alias, 4> aliases_;
 };
 
-void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { Fallback(op, stack).run(); }
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu_fallback>()); }
-
 }  // namespace
 
-// Ops with both a CPU kernel and a CompositeExplicitAutograd kernel (e.g. native_layer_norm, whose
-// composite kernel is a decomposition for backends without their own) would run the decomposition on
-// npu and differ numerically from CPU. Route them to the CPU kernel through the fallback instead, so
-// npu results are bitwise identical to CPU. Runs once, after libtorch registered its operators.
-size_t register_cpu_kernel_redirects() {
-  static std::unique_ptr<torch::Library> lib;
-  if (lib) return 0;
-  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                                         __LINE__);
-  size_t n = 0;
-  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    auto op = c10::Dispatcher::singleton().findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      continue;
-    }
-    // Also ops with a CPU kernel and a CompositeImplicitAutograd one (e.g. mish_backward): CPU runs its own
-    // kernel (a backend kernel takes precedence over the implicit decomposition), so npu must too.
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
-      std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
-      ++n;
-    }
-  }
-  // In-place ops with only a CompositeExplicitAutograd kernel (conj_physical_, logical_not_, the _foreach_*_
-  // family, ...): some of those kernels call a CPU DispatchStub directly, which on an npu tensor fails with
-  // "DispatchStub: missing kernel for npu". Run them as one CPU kernel on the aliases instead, like every
-  // other op (one queued kernel for a whole _foreach_ list, too). Not the in-place view ops (squeeze_, t_,
-  // ...: metadata only, their composite kernels are right on npu), nor copy_ (npu's own copy path) and
-  // index_put_ (its _index_put_impl_ is redirected above).
-  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0 || name.name.back() != '_' || name.name == "aten::copy_" ||
-        name.name == "aten::index_put_") {
-      continue;
-    }
-    auto op = c10::Dispatcher::singleton().findOp(name);
-    if (!op || !op->hasSchema() || op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) || op->hasTag(at::Tag::inplace_view)) {
-      continue;
-    }
-    const auto& args = op->schema().arguments();
-    if (args.empty() || !args[0].alias_info() || !args[0].alias_info()->isWrite()) continue;
-    std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
-    ++n;
-  }
-  // Composite ops that choose a backend by device: on PrivateUse1, _convolution and convolution_backward
-  // pick ConvBackend::Overrideable (convolution_overrideable, which nobody implements). Running their
-  // composite kernel on the CPU aliases makes the choice CPU's (mkldnn / slow / depthwise kernels), so
-  // npu convolutions are CPU's convolutions, bit for bit, on the same bytes.
-  for (const char* composite : {"convolution", "_convolution", "_convolution.deprecated", "convolution_backward"}) {
-    lib->impl(composite, torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
-    ++n;
-  }
-  return n;
-}
-}  // namespace npudist
+void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { Fallback(op, stack).run(); }
+
+namespace {
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu_fallback>()); }
+}  // namespace
+
+}  // namespace npudist::op_path

@@ -8,6 +8,7 @@
 #include "allocator/npu_allocator.h"
 #include "graph_capture.h"
 #include "launch.h"
+#include "op_path.h"
 #include "npu_tensor.h"
 #include "profiler.h"
 
@@ -130,6 +131,12 @@ PYBIND11_MODULE(_C, m) {
                     py::arg("metadata") = c.metadata);
   }, "Ops by launch path since the last reset: queued kernels, synchronous (drained) ops, metadata ops.");
   m.def("_reset_launch_counts", [] { launch::reset_counts(); });
+  m.def("_op_out_overload", [](const std::string& name, const std::string& overload) -> std::optional<std::string> {
+    auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));
+    if (!op) throw std::invalid_argument("no operator " + name + "." + overload);
+    auto out = op_path::find_out_overload(*op);
+    return out ? std::optional<std::string>(out->schema().overload_name()) : std::nullopt;
+  }, "The out= overload a queued call of the op may write its outputs through (docs/op_path.md), or None.");
   m.def("_set_thread_inline_launch", [](bool enable) { return launch::c_api()->set_thread_inline(enable) != 0; },
         "Make npu ops of the calling thread run inline (no queue, no drain); returns the previous setting.");
   m.def("_launch_api", [] {

@@ -1,0 +1,75 @@
+// The path of an npu op that has no npu kernel of its own (docs/op_path.md): its CPU kernel runs on CPU
+// aliases of the npu bytes, inline or queued on the current stream. The units:
+//   op_schema.cpp     what a schema allows: views, written arguments, queueable returns, the out= overload
+//   op_signature.cpp  the signature key of a call and the outputs its Meta kernel infers (cached per key)
+//   op_aliases.cpp    CPU aliases of npu tensors, adoption of CPU-kernel outputs, copies (npu_tensor.h)
+//   fallback.cpp      the boxed fallback: one op, inline or queued, results mapped back to npu
+//   op_redirects.cpp  which aten ops take the fallback although they have other kernels
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace npudist::op_path {
+
+// ---- op_schema.cpp -------------------------------------------------------------------------------------
+// Ops whose CPU kernels legitimately take CPU tensors next to device tensors (as CUDA allows).
+bool allows_cpu_tensors(const c10::OperatorName& name);
+bool is_optional_generator(const c10::Argument& a);
+bool is_optional_tensor_list(const c10::Argument& a);
+bool has_written_argument(const c10::FunctionSchema& schema);
+// View ops (every return aliases an argument, nothing is written) read no data: they run at once.
+bool is_view_schema(const c10::FunctionSchema& schema);
+// Ops that may be queued: only tensor returns, output shapes independent of the data.
+bool async_candidate(const c10::FunctionSchema& schema);
+// The out= overload whose kernel is the functional op's own (its structured delegate), if there is one.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op);
+
+// ---- op_signature.cpp ----------------------------------------------------------------------------------
+// What the Meta kernel inferred for one argument signature.
+struct Inferred {
+  struct Out {
+    int arg;  // >= 0: the npu argument (in signature order) written in place; -1: new tensor; -2: a view
+    std::vector<int64_t> sizes, strides;
+    c10::ScalarType dtype;
+  };
+  bool ok = false;         // false: run synchronously
+  bool view = false;       // every output is a view of an argument: run at once, no data access
+  // Set when every return is a new tensor (no lists) and the op's out= overload may write them directly:
+  // a candidate after inference, kept only if the first call's check agreed (fallback.cpp, out_form_agrees).
+  std::optional<c10::OperatorHandle> out_op;
+  std::vector<Out> outs;   // flattened returns
+  std::vector<int64_t> list_sizes;  // per return: -1 for a tensor, else the list's length
+};
+
+// The shared "run synchronously" answer.
+std::shared_ptr<const Inferred> not_queueable();
+
+// The key of everything a Meta kernel can see of the call's arguments (stack[begin:]), and the npu tensors
+// among them in key order. False (not cacheable) for argument kinds it does not encode.
+bool signature_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin, std::string& key,
+                   std::vector<at::Tensor>& npu_args);
+
+// The process-wide cache of inferences by signature key.
+std::shared_ptr<const Inferred> find_inferred(const std::string& key);
+void store_inferred(const std::string& key, std::shared_ptr<const Inferred> inferred);
+
+// Runs the op's Meta kernel on meta stand-ins of the arguments and describes the outputs. `draws_random`:
+// the op takes a generator (its out= form is then no candidate: checking it would draw again).
+std::shared_ptr<const Inferred> infer_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                              size_t begin, bool draws_random);
+
+// `inferred` if the synchronous run's returns (the last returns of `stack`) are exactly what it predicted,
+// else not_queueable().
+std::shared_ptr<const Inferred> verify_outputs(const c10::OperatorHandle& op,
+                                               const std::shared_ptr<const Inferred>& inferred,
+                                               const torch::jit::Stack& stack, const std::vector<at::Tensor>& npu_args);
+
+// ---- fallback.cpp --------------------------------------------------------------------------------------
+void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+}  // namespace npudist::op_path
