@@ -13,12 +13,12 @@ its test bodies read the module's BACKEND global at run time. Two halves:
 * cpu tensors (default), Gloo's skip rules: the module is imported with BACKEND=gloo, so exactly the
   tests Gloo runs are run, then its BACKEND global is pointed at the backend under test
   (init_process_group and the bodies read it). Tests whose body only knows named backends
-  (BODY_AS["gloo"]) see "gloo" once their process group exists, so they run Gloo's code path.
+  (BODY_AS_RULES) see "gloo" once their process group exists, so they run Gloo's code path.
 * npu tensors (--tensors npu), NCCL's skip rules, as torch_npu runs this suite with hccl: the module is
   imported with BACKEND=nccl, so the device-path tests run (`*_cuda`, DDP with device_ids, device-tensor
   collectives) and the cpu-tensor ones NCCL refuses are skipped; the suite's CUDA calls go to the npu
   (route_cuda_to_npu, the only place that does it); BACKEND is then the backend under test, and
-  BODY_AS["nccl"] bodies see "nccl".
+  BODY_AS_RULES bodies see "nccl".
 
 Either way hccl is added to the suite's lists of backends whose profiler events it checks.
 
@@ -37,22 +37,14 @@ import time
 import types
 import unittest
 
-# Tests whose body builds its model or picks its path only under `if BACKEND == "<name>"` for named
-# backends: with any other name the body fails (UnboundLocalError) before communicating. They see the
-# half's own backend name once their process group exists.
-BODY_AS = {
-    "gloo": {
-        "test_accumulate_gradients_no_sync",
-        "test_accumulate_gradients_no_sync_allreduce_hook",
-        "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
-        "test_accumulate_gradients_no_sync_grad_is_view",
-    },
-    "nccl": {
-        "test_accumulate_gradients_no_sync",
-        "test_accumulate_gradients_no_sync_allreduce_hook",
-        "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
-        "test_accumulate_gradients_no_sync_grad_is_view",
-    },
+# Tests whose body builds its model only under `if BACKEND == "mpi" or BACKEND == "gloo"` (and "nccl"):
+# with any other name the body fails with UnboundLocalError before communicating. They see the name of
+# the half's rules ("gloo" or "nccl") once their process group exists.
+BODY_AS_RULES = {
+    "test_accumulate_gradients_no_sync",
+    "test_accumulate_gradients_no_sync_allreduce_hook",
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
+    "test_accumulate_gradients_no_sync_grad_is_view",
 }
 RULES = {"cpu": "gloo", "npu": "nccl"}  # tensors -> the backend whose skip rules select the tests
 
@@ -162,30 +154,35 @@ def route_suite_to_npu(dt, suite_torch, backend: str):
     dt.GradScaler = functools.partial(torch.amp.GradScaler, "npu")
 
 
+def import_suite_on_npu(common_distributed, backend: str):
+    """The suite module, imported and routed to the npu (route_cuda_to_npu, then route_suite_to_npu)."""
+    import torch.distributed as dist
+
+    suite_torch = route_cuda_to_npu(common_distributed)
+    # The suite's import-time `require_backend_is_available` asks torch.distributed itself.
+    real_is_nccl_available, dist.is_nccl_available = dist.is_nccl_available, lambda: True
+    try:
+        from torch.testing._internal.distributed import distributed_test as dt
+    finally:
+        dist.is_nccl_available = real_is_nccl_available
+    route_suite_to_npu(dt, suite_torch, backend)
+    return dt
+
+
 def import_suite(backend: str, world_size: int, tensors: str = "cpu"):
     rules = RULES[tensors]
     os.environ["BACKEND"] = rules
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
-    import torch.distributed as dist
     import torch.multiprocessing
 
     import npudist  # noqa: F401  (registers the npu device and the hccl backend)
     from torch.testing._internal import common_distributed
 
-    suite_torch = None
     if tensors == "npu":
-        suite_torch = route_cuda_to_npu(common_distributed)
-        # The suite's import-time `require_backend_is_available` asks torch.distributed itself.
-        real_is_nccl_available, dist.is_nccl_available = dist.is_nccl_available, lambda: True
-    try:
+        dt = import_suite_on_npu(common_distributed, backend)
+    else:
         from torch.testing._internal.distributed import distributed_test as dt
-    finally:
-        if suite_torch is not None:
-            dist.is_nccl_available = real_is_nccl_available
-
-    if suite_torch is not None:
-        route_suite_to_npu(dt, suite_torch, backend)
     dt.BACKEND = backend
     # The suite checks the profiler events of the backends on these lists (names, counts, shapes).
     for allow in (dt.PROFILING_SUPPORTED_BACKENDS, dt.CUDA_PROFILING_SUPPORTED_BACKENDS,
@@ -200,7 +197,7 @@ def import_suite(backend: str, world_size: int, tensors: str = "cpu"):
 
         def run_test(self, test_name, parent_pipe):
             # Runs in the rank's process after init_process_group(backend) succeeded.
-            if test_name in BODY_AS[rules]:
+            if test_name in BODY_AS_RULES:
                 dt.BACKEND = rules
             super().run_test(test_name, parent_pipe)
 
