@@ -352,3 +352,9 @@ void count_synchronous() { g_sync.fetch_add(1, std::memory_order_relaxed); }
 void count_metadata() { g_meta.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace npudist::launch
+
+// Exported (the extension is built -fvisibility=hidden), like npudist_runtime_api, for the emulated
+// libascendcl.so (npudist/cann): under blocking launch its stream calls complete before they return.
+extern "C" __attribute__((visibility("default"))) const NpudistLaunchApi* npudist_launch_api(void) {
+  return npudist::launch::c_api();
+}
