@@ -4,6 +4,7 @@
 #include <string>
 
 #include "acl/acl.h"
+#include "npudist/launch_c_api.h"
 #include "npudist/runtime_c_api.h"
 
 namespace npudist::acl {
@@ -11,6 +12,11 @@ namespace npudist::acl {
 // The runtime table of the npudist._C loaded in this process, or null (and the thread's error message set)
 // when npudist's npu device is not loaded.
 const NpudistRuntimeApi* runtime();
+
+// True under blocking launch (ASCEND_LAUNCH_BLOCKING=1): torch kernels then run inline on the calling thread
+// without draining streams, so an ACL call queued on a stream must complete before it returns to stay in
+// order with them (as every launch is synchronous in that mode).
+bool launch_blocking();
 
 // Records `message` as the thread's recent error (aclGetRecentErrMsg) and returns `code`.
 aclError fail(aclError code, const std::string& message);
@@ -31,7 +37,9 @@ aclError on_stream(aclrtStream stream, const char* call, F&& f) {
   int32_t device;
   int64_t id;
   if (!resolve_stream(rt, stream, call, &device, &id)) return ACL_ERROR_INVALID_PARAM;
-  return from_status(rt, f(rt, device, id), call);
+  npudist_status s = f(rt, device, id);
+  if (s == NPUDIST_SUCCESS && launch_blocking()) s = rt->stream_synchronize(device, id);
+  return from_status(rt, s, call);
 }
 
 }  // namespace npudist::acl

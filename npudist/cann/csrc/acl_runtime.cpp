@@ -19,6 +19,7 @@ namespace {
 thread_local std::string tls_error;
 thread_local bool tls_has_error = false;
 std::atomic<const NpudistRuntimeApi*> g_runtime{nullptr};
+std::atomic<const NpudistLaunchApi*> g_launch{nullptr};
 std::atomic<bool> g_initialized{false};
 
 // Python loads extensions RTLD_LOCAL, so npudist._C's symbols are not global: find the loaded object by its
@@ -30,19 +31,29 @@ int find_npudist_core(struct dl_phdr_info* info, size_t, void* out) {
   return 1;
 }
 
+// The runtime table (and, when present, the launch table) of the loaded npudist._C.
 const NpudistRuntimeApi* lookup_runtime() {
   std::string path;
   dl_iterate_phdr(&find_npudist_core, &path);
   if (path.empty()) return nullptr;
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
   if (!handle) return nullptr;
-  using Getter = const NpudistRuntimeApi* (*)();
-  auto get = reinterpret_cast<Getter>(dlsym(handle, "npudist_runtime_api"));
+  using RuntimeGetter = const NpudistRuntimeApi* (*)();
+  using LaunchGetter = const NpudistLaunchApi* (*)();
+  auto get = reinterpret_cast<RuntimeGetter>(dlsym(handle, "npudist_runtime_api"));
+  auto get_launch = reinterpret_cast<LaunchGetter>(dlsym(handle, "npudist_launch_api"));
   dlclose(handle);  // drops only the reference RTLD_NOLOAD took; the extension stays loaded
+  const NpudistLaunchApi* launch = get_launch ? get_launch() : nullptr;
+  if (launch && launch->version >= 2) g_launch.store(launch, std::memory_order_release);
   return get ? get() : nullptr;
 }
 
 }  // namespace
+
+bool launch_blocking() {
+  const NpudistLaunchApi* launch = g_launch.load(std::memory_order_acquire);
+  return launch && !launch->launches_async();
+}
 
 aclError fail(aclError code, const std::string& message) {
   tls_error = message;
