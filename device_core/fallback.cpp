@@ -365,22 +365,7 @@ class Fallback {
   }
 
   void substitute(const c10::Argument& arg, c10::IValue& v) {
-    if (v.isTensor()) {
-      v = c10::IValue(alias_of(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      out.reserve(v.toTensorList().size());
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(alias_of(t));
-      v = c10::IValue(std::move(out));
-    } else if (v.isList() && is_optional_tensor_list(arg)) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const c10::IValue& e : v.toListRef()) {
-        out.push_back(e.isTensor() ? std::optional<at::Tensor>(alias_of(e.toTensor())) : std::nullopt);
-      }
-      v = c10::IValue(std::move(out));
-    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
-      v = c10::IValue(c10::Device(c10::kCPU));
-    }
+    map_argument_tensors(arg, v, [this](const at::Tensor& t) { return alias_of(t); }, c10::Device(c10::kCPU));
   }
 
   void call_cpu_kernel() {

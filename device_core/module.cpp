@@ -137,6 +137,8 @@ PYBIND11_MODULE(_C, m) {
     auto out = op_path::find_out_overload(*op);
     return out ? std::optional<std::string>(out->schema().overload_name()) : std::nullopt;
   }, "The out= overload a queued call of the op may write its outputs through (docs/op_path.md), or None.");
+  m.def("_in_meta_inference", &op_path::in_meta_inference,
+        "True while the calling thread runs an op's Meta kernel to infer its outputs (docs/op_path.md).");
   m.def("_set_thread_inline_launch", [](bool enable) { return launch::c_api()->set_thread_inline(enable) != 0; },
         "Make npu ops of the calling thread run inline (no queue, no drain); returns the previous setting.");
   m.def("_launch_api", [] {

@@ -45,6 +45,9 @@ void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blo
 // The value of a one-element npu tensor (.item()).
 c10::Scalar read_scalar(const at::Tensor& t);
 
+// A tensor of dispatch key `key` over `storage` with the geometry (sizes, strides, offset, dtype, conj/neg
+// bits) of `geometry_like`.
+at::Tensor tensor_over(c10::Storage storage, c10::DispatchKey key, const at::Tensor& geometry_like);
 // An npu tensor over `storage` (which must already be an npu storage) with the given geometry.
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& geometry_like);
 

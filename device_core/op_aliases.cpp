@@ -89,14 +89,17 @@ c10::Storage cpu_storage_alias(c10::StorageImpl* si) {
                                                             std::move(dp), g_cpu_wrapper, /*resizable=*/true));
 }
 
+at::Tensor tensor_over(c10::Storage storage, c10::DispatchKey key, const at::Tensor& g) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), g.dtype());
+  impl->set_sizes_and_strides(g.sizes(), g.strides(), g.storage_offset());
+  if (g.is_conj()) impl->_set_conj(true);
+  if (g.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
 at::Tensor cpu_alias(const at::Tensor& t, const c10::Storage* storage_alias) {
   c10::Storage storage = storage_alias ? *storage_alias : cpu_storage_alias(t.storage().unsafeGetStorageImpl());
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) impl->_set_conj(true);
-  if (t.is_neg()) impl->_set_neg(true);
-  return at::Tensor(std::move(impl));
+  return tensor_over(std::move(storage), c10::DispatchKey::CPU, t);
 }
 
 namespace {
@@ -135,12 +138,7 @@ c10::Scalar read_scalar(const at::Tensor& t) {
 }
 
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& g) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                   g.dtype());
-  impl->set_sizes_and_strides(g.sizes(), g.strides(), g.storage_offset());
-  if (g.is_conj()) impl->_set_conj(true);
-  if (g.is_neg()) impl->_set_neg(true);
-  return at::Tensor(std::move(impl));
+  return tensor_over(std::move(storage), c10::DispatchKey::PrivateUse1, g);
 }
 
 c10::Storage adopt_storage(const c10::Storage& cpu, int device, const AdoptScope& scope) {

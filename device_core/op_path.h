@@ -29,6 +29,29 @@ bool async_candidate(const c10::FunctionSchema& schema);
 // The out= overload whose kernel is the functional op's own (its structured delegate), if there is one.
 std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op);
 
+// Replaces every tensor of the argument value `v` (a tensor, a tensor list, an optional-tensor list) by
+// `fn(tensor)`, and an npu device value by `device`: how a call's arguments become CPU aliases or meta
+// stand-ins.
+template <typename Fn>
+void map_argument_tensors(const c10::Argument& arg, c10::IValue& v, Fn&& fn, c10::Device device) {
+  if (v.isTensor()) {
+    v = c10::IValue(fn(v.toTensor()));
+  } else if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(fn(t));
+    v = c10::IValue(std::move(out));
+  } else if (v.isList() && is_optional_tensor_list(arg)) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& e : v.toListRef()) {
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(fn(e.toTensor())) : std::nullopt);
+    }
+    v = c10::IValue(std::move(out));
+  } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    v = c10::IValue(device);
+  }
+}
+
 // ---- op_signature.cpp ----------------------------------------------------------------------------------
 // What the Meta kernel inferred for one argument signature.
 struct Inferred {
@@ -62,6 +85,9 @@ void store_inferred(const std::string& key, std::shared_ptr<const Inferred> infe
 // the op takes a generator (its out= form is then no candidate: checking it would draw again).
 std::shared_ptr<const Inferred> infer_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                               size_t begin, bool draws_random);
+
+// True on a thread that is running an op's Meta kernel for infer_outputs (its warnings are dropped).
+bool in_meta_inference();
 
 // `inferred` if the synchronous run's returns (the last returns of `stack`) are exactly what it predicted,
 // else not_queueable().

@@ -3,6 +3,7 @@
 // Output geometry depends only on the arguments' metadata, so it is looked up by a key of that metadata and
 // the Meta kernel (Python for many ops) runs only for a new signature.
 #include <ATen/ATen.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
@@ -11,9 +12,18 @@
 
 #include "npu_tensor.h"
 #include "op_path.h"
+#include "warning_probe.h"
 
 namespace npudist::op_path {
 namespace {
+
+thread_local bool t_in_meta_inference = false;
+
+struct InMetaInference {
+  InMetaInference() : prev_(t_in_meta_inference) { t_in_meta_inference = true; }
+  ~InMetaInference() { t_in_meta_inference = prev_; }
+  bool prev_;
+};
 
 class InferredCache {
  public:
@@ -155,17 +165,32 @@ class MetaInference {
     const auto& args = op_.schema().arguments();
     metas_.clear();
     torch::jit::Stack meta(stack.begin() + static_cast<std::ptrdiff_t>(begin), stack.end());
-    for (size_t i = 0; i < args.size(); ++i) to_meta(args[i], meta[i]);
+    for (size_t i = 0; i < args.size(); ++i) {
+      // An out= argument is passed as an empty stand-in: a Meta kernel resizing a wrongly shaped out= tensor
+      // would warn about it (Python meta kernels warn through Python's warnings, out of the caller's sight
+      // only if it never happens); the CPU kernel, run synchronously for such a call, warns as CPU does.
+      out_stand_ins_ = args[i].kwarg_only() && args[i].alias_info() && args[i].alias_info()->isWrite();
+      to_meta(args[i], meta[i]);
+    }
+    out_stand_ins_ = false;
     try {
+      // The Meta kernel's warnings are not the caller's: the CPU kernel decides the result and its warnings.
+      // C++ ones stop at the probe; Python ones at npudist/device/meta_warnings.py, which asks in_meta_inference().
+      WarningProbe quiet(/*forward=*/false);
+      InMetaInference scope;
       op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
     } catch (const std::exception&) {
       return inf;  // no Meta kernel, data-dependent output, or a bad argument (the CPU kernel reports it)
     }
     for (const MetaArg& m : metas_) {
-      if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
-          m.meta.storage_offset() != m.orig.storage_offset() || m.meta.is_conj() != m.orig.is_conj() ||
-          m.meta.is_neg() != m.orig.is_neg()) {
-        return inf;  // the op changes an argument's geometry or conj/neg bit (e.g. an empty out=): synchronous
+      if (m.stand_in) {
+        // A correctly shaped out= tensor keeps its own strides (the CPU kernel writes through a proxy if
+        // they differ from its choice); a wrongly shaped one is resized: synchronous.
+        if (m.meta.sizes() != m.orig.sizes()) return inf;
+      } else if (m.meta.sizes() != m.orig.sizes() || m.meta.strides() != m.orig.strides() ||
+                 m.meta.storage_offset() != m.orig.storage_offset() || m.meta.is_conj() != m.orig.is_conj() ||
+                 m.meta.is_neg() != m.orig.is_neg()) {
+        return inf;  // the op changes an argument's geometry or conj/neg bit: synchronous
       }
     }
     bool any_view = false, any_new = false, lists = false;
@@ -201,6 +226,7 @@ class MetaInference {
   struct MetaArg {
     at::Tensor orig;  // the npu argument
     at::Tensor meta;  // its meta stand-in
+    bool stand_in;    // an empty stand-in of an out= argument (no geometry, no storage sharing)
   };
   c10::SmallVector<MetaArg, 4> metas_;
 
@@ -228,50 +254,39 @@ class MetaInference {
   }
 
   void to_meta(const c10::Argument& arg, c10::IValue& v) {
-    if (v.isTensor()) {
-      v = c10::IValue(meta_of(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(meta_of(t));
-      v = c10::IValue(std::move(out));
-    } else if (v.isList() && is_optional_tensor_list(arg)) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const c10::IValue& e : v.toListRef()) {
-        out.push_back(e.isTensor() ? std::optional<at::Tensor>(meta_of(e.toTensor())) : std::nullopt);
-      }
-      v = c10::IValue(std::move(out));
-    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
-      v = c10::IValue(c10::Device(c10::kMeta));
-    }
+    map_argument_tensors(arg, v, [this](const at::Tensor& t) { return meta_of(t); }, c10::Device(c10::kMeta));
   }
 
   // A meta tensor with t's geometry; arguments on one npu storage share one meta storage.
   at::Tensor meta_of(const at::Tensor& t) {
     if (!t.defined() || t.device().type() != kNpu) return t;
+    if (out_stand_ins_ && !t.is_conj() && !t.is_neg()) {
+      at::Tensor m = at::empty({0}, at::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
+      metas_.push_back(MetaArg{t, m, /*stand_in=*/true});
+      return m;
+    }
     c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
     std::optional<c10::Storage> storage;
     for (const MetaArg& m : metas_) {
-      if (m.orig.storage().unsafeGetStorageImpl() == si) storage = m.meta.storage();
+      if (!m.stand_in && m.orig.storage().unsafeGetStorageImpl() == si) storage = m.meta.storage();
     }
     if (!storage) {
       storage = c10::Storage(c10::Storage::use_byte_size_t(), si->nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
                              c10::GetAllocator(c10::kMeta), /*resizable=*/true);
     }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(*storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
-                                                     t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (t.is_conj()) impl->_set_conj(true);
-    if (t.is_neg()) impl->_set_neg(true);
-    at::Tensor m(std::move(impl));
-    metas_.push_back(MetaArg{t, m});
+    at::Tensor m = tensor_over(std::move(*storage), c10::DispatchKey::Meta, t);
+    metas_.push_back(MetaArg{t, m, /*stand_in=*/false});
     return m;
   }
 
   const c10::OperatorHandle& op_;
   bool draws_random_;
+  bool out_stand_ins_ = false;  // to_meta is converting an out= argument
 };
 
 }  // namespace
+
+bool in_meta_inference() { return t_in_meta_inference; }
 
 std::shared_ptr<const Inferred> infer_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                               size_t begin, bool draws_random) {

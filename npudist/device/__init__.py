@@ -6,7 +6,7 @@ and its public names are re-exported here.
 """
 import os as _os
 
-from npudist.device import _registration, kernel_queue, linear_ce_defaults, shallow_copy
+from npudist.device import _registration, kernel_queue, linear_ce_defaults, meta_warnings, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -76,6 +76,7 @@ __all__ = [
 
 _registration.register(__name__)
 shallow_copy.register()
+meta_warnings.install()
 linear_ce_defaults.register()
 kernel_queue.register()
 # The public name of kernel launch is torch.npu.launch (is_blocking, launch_counts, host_ordered_call; Inductor's

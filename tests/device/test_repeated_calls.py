@@ -129,3 +129,32 @@ def test_a_kernel_that_conjugates_its_out_argument():
         out = torch.empty(2, 3, dtype=torch.complex64, device="npu")
         torch.linalg.lu_solve(LU.npu(), pivots.npu(), B.npu(), left=False, out=out)
         assert out.is_conj() == ref.is_conj() and torch.equal(out.cpu(), ref), f"call {call}"
+
+
+@pytest.mark.parametrize("form", ["out_resize", "inplace_broadcast"])
+def test_meta_inference_warns_nothing_of_its_own(form):
+    # The op path runs an op's Meta kernel to infer its outputs; Python meta kernels warn about resizing a
+    # wrongly shaped out= tensor or an in-place self that does not broadcast. Only the CPU kernel's own
+    # warnings and errors may reach the caller.
+    def call(device):
+        x, y = torch.ones(5, 1, device=device), torch.ones(5, 3, device=device)
+        if form == "out_resize":
+            out = torch.empty(2, device=device)
+            torch.add(x, y, out=out)
+            return out
+        return x.eq_(y)  # raises: self (5, 1) does not broadcast to (5, 3)
+
+    results = []
+    for device in ("cpu", "npu", "npu"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                value, error = call(device), None
+                torch.npu.synchronize()
+            except RuntimeError as e:
+                value, error = None, str(e).splitlines()[0]
+        results.append((None if value is None else value.cpu(), error, [str(w.message)[:60] for w in caught]))
+    (cpu_value, cpu_error, cpu_warnings) = results[0]
+    for value, error, caught in results[1:]:
+        assert caught == cpu_warnings and error == cpu_error
+        assert (value is None) == (cpu_value is None) and (value is None or torch.equal(value, cpu_value))
