@@ -1,22 +1,35 @@
 """Run one OpInfo op in one dtype on cpu and on npu (inside a worker process) and compare.
 
-Samples are made on cpu (seeded), copied to npu before the CPU call (some ops mutate their input),
-then the op runs on both devices; where the op supports autograd in that dtype, gradients of the
-outputs with the same random grad_outputs are compared too. If CPU raises, npu must raise an
-exception of the same type.
+Samples are made on cpu (seeded). For every sample, each form the op defines (``forms``: function,
+method, in-place, out=) runs once on cpu and ``CALLS`` times on npu, each call on fresh copies of the
+arguments: the first npu call of an argument signature runs synchronously, later ones are queued under
+asynchronous launch, so the second call is where the launch path differs. Every npu call is compared with
+the cpu call (``observe``, ``compare``): exception type, result shape/dtype/device/layout, values, and
+warnings. Where the op supports autograd in that dtype, each npu call's function-form outputs are
+differentiated with the same random grad_outputs as cpu's (``backward``).
+
+Random numbers: a call draws if the CPU or npu generator advanced across it (``observe``). The npu
+generator is independent of CPU's (as CUDA's is), so the values of a sample whose cpu call drew are not
+compared (its backward neither); its metadata is, and the npu call must have drawn too. Such samples are
+counted per form (``drew``), so the expected-failure list can excuse exactly them (status ``random``).
 """
 import itertools
 import time
 
 import torch
 
+from . import forms as F
 from .compare import Mismatch, compare_results
+from .observe import SEED, compare_warnings, observe, seed
+from .samples import copy_to, mentions_npu, tensors
 
-SEED = 1234
+CALLS = 2  # npu calls per sample and form
 
-# Sample outcome codes, ordered from best to worst; a phase reports its worst sample.
-AGREE, MISMATCH, ERROR = "agree", "mismatch", "error"
-_RANK = {AGREE: 0, MISMATCH: 1, ERROR: 2}
+# Failure kinds of a call, from least to most severe; a form's status is its worst. ``warning``: npu warned
+# differently; ``mismatch``: a result's structure, metadata or values differ; ``error``: an exception differs
+# or a result is on the wrong device.
+AGREE, WARNING, MISMATCH, ERROR = "agree", "warning", "mismatch", "error"
+_RANK = {AGREE: 0, WARNING: 1, MISMATCH: 2, ERROR: 3}
 
 
 def op_id(op) -> str:
@@ -28,177 +41,98 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _to_npu(obj):
-    """Copy a sample's structure to npu: tensors (keeping requires_grad), and cpu devices, also
-    spelled as strings (op_db passes the device under test as 'cpu', e.g. ``to('cpu', ...)``)."""
-    if isinstance(obj, torch.Tensor):
-        if (obj.requires_grad and obj.grad_fn is None and obj._base is not None and obj._base.requires_grad
-                and _copies_storage(obj)):
-            return _view_of_grad_base_on_npu(obj)
-        with torch.no_grad():
-            t = _same_layout_on_npu(obj.detach())
-        return t.requires_grad_(obj.requires_grad) if obj.requires_grad else t
-    if isinstance(obj, torch.device):
-        return torch.device("npu") if obj.type == "cpu" else obj
-    if isinstance(obj, str) and obj == "cpu":
-        return "npu"
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_to_npu(x) for x in obj)
-    if isinstance(obj, list):
-        return [_to_npu(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _to_npu(v) for k, v in obj.items()}
-    return obj
-
-
-def _view_of_grad_base_on_npu(view: torch.Tensor) -> torch.Tensor:
-    """A view taken under no_grad of a base that requires grad (istft's sample slices its window that
-    way): it reports requires_grad but has no autograd edge, so CPU autograd gives it no gradient. A
-    fresh npu leaf would get one; rebuild the same history instead so both devices see the same graph."""
-    npu_storage = _storage_on_npu(view).requires_grad_(True)  # a leaf, as the sample's base is
-    with torch.no_grad():
-        return npu_storage.as_strided(view.size(), view.stride(), view.storage_offset())
-
-
-def _same_layout_on_npu(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on npu with the same storage size, strides and offset: a partial, overlapping or
-    expanded view stays one (``.to("npu")`` would compact it and change what the op sees)."""
-    if not _copies_storage(t):
-        return t.to("npu")
-    return _storage_on_npu(t).as_strided(t.size(), t.stride(), t.storage_offset())
-
-
-def _copies_storage(t: torch.Tensor) -> bool:
-    """Whether ``t`` can be rebuilt on npu from a raw copy of its storage (not for lazy conj/neg
-    views, whose bit a raw copy would drop, nor for non-strided or quantized layouts)."""
-    return not (t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg() or t.dtype.itemsize == 0)
-
-
-def _storage_on_npu(t: torch.Tensor) -> torch.Tensor:
-    """All of ``t``'s storage, as a 1-D npu tensor of its dtype."""
-    n = t.untyped_storage().nbytes() // t.element_size()
-    whole = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-    return whole.detach().to("npu")
-
-
-def _mentions_npu(obj) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return obj.device.type == "npu"
-    if isinstance(obj, torch.device):
-        return obj.type == "npu"
-    if isinstance(obj, str):
-        return obj == "npu"
-    if isinstance(obj, (list, tuple)):
-        return any(_mentions_npu(x) for x in obj)
-    if isinstance(obj, dict):
-        return any(_mentions_npu(x) for x in obj.values())
-    return False
-
-
-def _tensors(obj):
-    """Tensors of a nested structure, in a deterministic order."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
-
-
-def _seed(seed: int) -> None:
-    """Seed the CPU generator and npu:0's (the devices samples use). ``torch.manual_seed`` would do
-    too, but it also walks the cuda/xpu/mtia lazy-init queues, which was 65% of the suite's time."""
-    torch.default_generator.manual_seed(seed)
-    torch.npu.manual_seed(seed)
-
-
-def _call(op, sample):
-    _seed(SEED)
-    return op(sample.input, *sample.args, **sample.kwargs)
-
-
 def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
 
 
-def _compare_calls(run_cpu, run_npu, where):
-    """Run both sides; return (code, bitwise, message, cpu_result, npu_result)."""
-    try:
-        cpu_out = run_cpu()
-        cpu_exc = None
-    except Exception as e:  # noqa: BLE001 - any CPU exception is the reference behaviour
-        cpu_out, cpu_exc = None, e
-    try:
-        npu_out = run_npu()
-        npu_exc = None
-    except Exception as e:  # noqa: BLE001
-        npu_out, npu_exc = None, e
-    if cpu_exc is not None:
-        if npu_exc is None:
-            return ERROR, False, f"{where}: CPU raised {_short(cpu_exc)} but npu returned a result", None, None
-        if not isinstance(npu_exc, type(cpu_exc)):
-            return ERROR, False, f"{where}: CPU raised {_short(cpu_exc)}, npu raised {_short(npu_exc)}", None, None
-        return AGREE, True, "", None, None  # both raised: the error matches
-    if npu_exc is not None:
-        return ERROR, False, f"{where}: npu raised {_short(npu_exc)}", None, None
-    try:
-        bitwise = compare_results(cpu_out, npu_out, where)
-    except Mismatch as m:
-        return (ERROR if m.kind == "device" else MISMATCH), False, str(m), cpu_out, npu_out
-    return AGREE, bitwise, "", cpu_out, npu_out
+def compare_calls(cpu, npu, where):
+    """Compare an observed npu call with the cpu call; return (failures, bitwise, drew), ``failures`` a list
+    of (kind, message): an exception that differs is the only failure reported; otherwise warnings and
+    results are judged apart, so a warning difference does not hide a wrong value.
+
+    ``drew``: the cpu call drew random numbers, so values are not compared; the npu call must then have
+    drawn too. An npu call that draws where cpu's does not is still compared on values (its result
+    must not depend on what it drew)."""
+    drew = cpu.drew
+    if cpu.exc is not None and npu.exc is None:
+        return [(ERROR, f"{where}: CPU raised {_short(cpu.exc)} but npu returned a result")], False, drew
+    if cpu.exc is not None and not isinstance(npu.exc, type(cpu.exc)):
+        return [(ERROR, f"{where}: CPU raised {_short(cpu.exc)}, npu raised {_short(npu.exc)}")], False, drew
+    if cpu.exc is None and npu.exc is not None:
+        return [(ERROR, f"{where}: npu raised {_short(npu.exc)}")], False, drew
+    failures, bitwise = [], cpu.exc is not None  # both raised: the error matches
+    warned = compare_warnings(cpu, npu)
+    if warned:
+        failures.append((WARNING, f"{where}: {warned}"))
+    if cpu.drew and not npu.drew:
+        failures.append((MISMATCH, f"{where}: cpu drew from its random generator, npu drew from none"))
+    elif cpu.exc is None:
+        try:
+            bitwise = compare_results(cpu.out, npu.out, where, values=not drew) and not drew
+        except Mismatch as m:
+            failures.append((ERROR if m.kind == "device" else MISMATCH, str(m)))
+    return failures, bitwise and not failures, drew
 
 
-def _differentiable_outputs(out):
-    return [t for t in _tensors(out) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-
-
-def _backward(op, sample, out, make_grads):
-    """Gradients of the sample's differentiable inputs for the given output ``out``."""
-    out = sample.output_process_fn_grad(out)
-    outs = _differentiable_outputs(out)
-    inputs = [t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
-    if not outs or not inputs:
-        return None
-    return torch.autograd.grad(outs, inputs, make_grads(outs), allow_unused=True)
-
-
-class PhaseTally:
-    """Counts of one phase (forward or backward) of one op x dtype."""
+class FormTally:
+    """Counts of one form (function, method, inplace, out, backward) of one op x dtype. A sample counts
+    once: agreeing if every call of it agreed, bitwise if every call's values were compared and equal bit
+    for bit, ``drew`` if its cpu call drew random numbers (``random_agree``: drew and agreed otherwise).
+    ``failures``: the first message of each failure kind seen."""
 
     def __init__(self):
-        self.samples = self.agree = self.bitwise = 0
-        self.status = AGREE
-        self.message = ""
+        self.samples = self.calls = self.agree = self.bitwise = self.drew = self.random_agree = 0
+        self.failures = {}
+        self._current = None  # [index, agrees, bitwise, drew] of the sample being counted
 
-    def add(self, code, bitwise, message, index):
-        self.samples += 1
-        if code == AGREE:
-            self.agree += 1
-            self.bitwise += bool(bitwise)
-        if _RANK[code] > _RANK[self.status]:
-            self.status, self.message = code, f"sample {index}: {message}"
+    def add(self, index, failures, bitwise, drew):
+        """One npu call of sample ``index``."""
+        if self._current is None or self._current[0] != index:
+            self._fold()
+            self._current = [index, True, True, False]
+        cur = self._current
+        self.calls += 1
+        cur[1] = cur[1] and not failures
+        cur[2] = cur[2] and not failures and bool(bitwise) and not drew
+        cur[3] = cur[3] or drew
+        for kind, message in failures:
+            self.failures.setdefault(kind, f"sample {index}: {message}")
+
+    def _fold(self):
+        if self._current is not None:
+            _, agrees, bitwise, drew = self._current
+            self.samples += 1
+            self.agree += agrees
+            self.bitwise += agrees and bitwise
+            self.drew += drew
+            self.random_agree += agrees and drew
+            self._current = None
 
     def as_dict(self):
-        return {"samples": self.samples, "agree": self.agree, "bitwise": self.bitwise,
-                "status": self.status, "message": self.message}
+        self._fold()
+        worst = max(self.failures, key=_RANK.get, default=AGREE)
+        return {"samples": self.samples, "calls": self.calls, "agree": self.agree, "bitwise": self.bitwise,
+                "drew": self.drew, "random_agree": self.random_agree, "failures": dict(self.failures),
+                "status": worst, "message": self.failures.get(worst, "")}
 
 
-def run_op_dtype(op, dtype, max_samples, progress):
-    """Compare ``op`` in ``dtype`` over at most ``max_samples`` samples (None = all).
+def run_op_dtype(op, dtype, max_samples, progress, more_forms=()):
+    """Compare ``op`` in ``dtype`` over at most ``max_samples`` samples (None = all), and over the remaining
+    samples in ``more_forms`` only ("*": every form).
 
-    ``progress(i, phase)`` is called before each call that could crash the process.
-    Returns a dict with 'forward' and (if the dtype is differentiable for the op) 'backward' tallies.
+    ``progress(i, form, call)`` is called before each call that could crash the process.
+    Returns {"forms": {form: tally dict}, "seconds", "cpu_seconds"} or {"harness_error": ...}.
     """
     start, cpu_start = time.monotonic(), time.process_time()
     grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
-    _seed(SEED)
-    result = {"forward": PhaseTally()}
-    if grad:
-        result["backward"] = PhaseTally()
+    seed(SEED)
+    tallies = {form: FormTally() for form in F.forms_of(op, grad)}
+    later = set(tallies) if "*" in more_forms else set(more_forms) & set(tallies)
     samples = None
-    for i in itertools.count() if max_samples is None else range(max_samples):
+    for i in itertools.count():
+        active = set(tallies) if max_samples is None or i < max_samples else later
+        if not active:
+            break
         try:  # op_db's own sample code failing on CPU is not the device's fault: reported apart
             # sample_inputs_func directly: OpInfo.sample_inputs adds per-sample reseeding and test-name
             # lookups by stack inspection (unittest bookkeeping that cost a third of the run here)
@@ -209,53 +143,118 @@ def run_op_dtype(op, dtype, max_samples, progress):
         except Exception as e:  # noqa: BLE001
             return {"harness_error": _short(e), "seconds": time.monotonic() - start,
                     "cpu_seconds": time.process_time() - cpu_start}
-        _run_sample(op, sample, i, result, progress)
-        _seed(SEED + i + 1)  # the next sample does not depend on this one's draws
-    out = {phase: t.as_dict() for phase, t in result.items()}
-    out["seconds"] = time.monotonic() - start
-    out["cpu_seconds"] = time.process_time() - cpu_start  # the load-independent cost, for CI budgeting
-    return out
+        _run_sample(op, sample, i, tallies, progress, active)
+        seed(SEED + i + 1)  # the next sample does not depend on this one's draws
+    counts = {form: t.as_dict() for form, t in tallies.items()}
+    return {"forms": {form: c for form, c in counts.items() if c["samples"]},
+            "seconds": time.monotonic() - start,
+            "cpu_seconds": time.process_time() - cpu_start}  # the load-independent cost, for CI budgeting
 
 
-def _run_sample(op, sample, i, result, progress):
-    npu_input, npu_args, npu_kwargs = _to_npu(sample.input), _to_npu(sample.args), _to_npu(sample.kwargs)
-    npu_sample = type(sample)(npu_input, args=npu_args, kwargs=npu_kwargs,
-                              output_process_fn_grad=sample.output_process_fn_grad,
-                              broadcasts_input=sample.broadcasts_input, name=sample.name)
-    if not _mentions_npu((npu_input, npu_args, npu_kwargs)):
+def _run_sample(op, sample, i, tallies, progress, active):
+    """The ``active`` forms of one sample."""
+    pristine = copy_to(F.args_of(sample), "cpu", grad=False)  # before any call can write the sample
+    npu_args = [copy_to(F.args_of(sample), "npu", grad=True) for _ in range(CALLS)]
+    if not mentions_npu(npu_args[0]):
         return  # e.g. arange(2): no tensor or device argument, so the op never meets npu
-    progress(i, "forward")
-    if op.has_nondeterministic_output:
-        # Uninitialized memory (empty*): only metadata is meaningful, so compare shapes/dtypes/devices
-        # of results whose values are replaced by zeros on both sides.
-        def run(s):
-            return _zero_values(_call(op, s))
+    post = _zero_values if op.has_nondeterministic_output else (lambda out: out)
+    if active & {"function", "backward"}:  # the backward differentiates the function form's calls
+        reference = _run_function(op, sample, npu_args, i, tallies, progress, post, "backward" in active)
     else:
-        def run(s):
-            return _call(op, s)
-    code, bitwise, msg, cpu_out, npu_out = _compare_calls(lambda: run(sample), lambda: run(npu_sample), "output")
-    result["forward"].add(code, bitwise, msg, i)
-    if "backward" not in result or code != AGREE or cpu_out is None:
-        return
-    grads = []
+        cpu = observe(lambda: op.op(sample.input, *sample.args, **sample.kwargs), on_npu=False)
+        reference = None if cpu.exc is not None else cpu.out
+    if "method" in active:
+        _run_form(tallies["method"], i, "method", progress,
+                  lambda device: F.method_call(op, pristine, device), post)
+    if "inplace" in active:
+        _run_form(tallies["inplace"], i, "inplace", progress,
+                  lambda device: F.inplace_call(op, pristine, device), post)
+    if reference is None or F.out_call(op, pristine, "cpu", reference, "right shape") is None:
+        return  # out= needs a result of tensors to shape its outputs after
+    if "out" in active:
+        _run_form(tallies["out"], i, "out (right shape)", progress,
+                  lambda device: F.out_call(op, pristine, device, reference, "right shape"), post)
+    if "out_resize" in active and i == 0:
+        for case in F.RESIZE_CASES:
+            _run_form(tallies["out_resize"], i, f"out_resize ({case})", progress,
+                      lambda device: F.out_call(op, pristine, device, reference, case), post)
 
-    def make_grads(outs):
-        if not grads:  # first call (CPU): draw; second call (npu): reuse the same values
-            _seed(SEED)
-            grads.extend(torch.randn_like(o.detach()) for o in outs)
-            return grads
-        return [g.to("npu") for g in grads]
 
-    progress(i, "backward")
-    code, bitwise, msg, cpu_g, _ = _compare_calls(lambda: _backward(op, sample, cpu_out, make_grads),
-                                                  lambda: _backward(op, npu_sample, npu_out, make_grads),
-                                                  "grad")
-    if cpu_g is None and code == AGREE and not grads:
+def _run_form(tally, i, where, progress, make_call, post):
+    """Once on cpu, CALLS times on npu, each on fresh arguments; every npu call compared with cpu's."""
+    progress(i, where.split(" ")[0], 0)
+    cpu_call = make_call("cpu")
+    cpu = observe(lambda: post(cpu_call()), on_npu=False)
+    for k in range(1, CALLS + 1):
+        progress(i, where.split(" ")[0], k)
+        npu_call = make_call("npu")
+        npu = observe(lambda: post(npu_call()), on_npu=True)
+        tally.add(i, *compare_calls(cpu, npu, f"{where} call {k}"))
+
+
+def _run_function(op, sample, npu_args, i, tallies, progress, post, backward):
+    """The function form and its backward; returns cpu's result (the out= form's template) or None."""
+    progress(i, "function", 0)
+    cpu = observe(lambda: op.op(sample.input, *sample.args, **sample.kwargs), on_npu=False)
+    npus = []
+    for k, (inp, args, kwargs) in enumerate(npu_args, 1):
+        progress(i, "function", k)
+        npu = observe(lambda: op.op(inp, *args, **kwargs), on_npu=True)
+        cpu_cmp, npu_cmp = _with_out(cpu, post(cpu.out)), _with_out(npu, post(npu.out))
+        failures, bitwise, drew = compare_calls(cpu_cmp, npu_cmp, f"function call {k}")
+        tallies["function"].add(i, failures, bitwise, drew)
+        npus.append((npu, all(kind == WARNING for kind, _ in failures)))
+    if backward and "backward" in tallies and cpu.exc is None:
+        _run_backward(op, sample, npu_args, cpu, npus, i, tallies["backward"], progress)
+    return None if cpu.exc is not None else cpu.out
+
+
+def _with_out(call, out):
+    if out is call.out:
+        return call
+    c = type(call)(**vars(call))
+    c.out = out
+    return c
+
+
+def _run_backward(op, sample, npu_args, cpu, npus, i, tally, progress):
+    try:
+        outs = _differentiable_outputs(sample.output_process_fn_grad(cpu.out))
+    except Exception:  # noqa: BLE001 - then the observed cpu backward below raises the same
+        outs = []
+    seed(SEED)  # drawn outside the observed calls: the grad_outputs are not the op's draws
+    grads = [torch.randn_like(o.detach()) for o in outs]
+    progress(i, "backward", 0)
+    cpu_g = observe(lambda: _backward(sample.output_process_fn_grad, F.args_of(sample), cpu.out, grads),
+                    on_npu=False)
+    if cpu_g.exc is None and cpu_g.out is None:
         return  # nothing differentiable in this sample
-    result["backward"].add(code, bitwise, msg, i)
+    cpu_g.drew = cpu_g.drew or cpu.drew  # gradients of a forward that drew depend on its draws
+    npu_grads = [g.to("npu") for g in grads]
+    for k, ((npu, forward_ok), args) in enumerate(zip(npus, npu_args), 1):
+        if not forward_ok:
+            continue  # the forward's wrong result is already the function form's failure
+        progress(i, "backward", k)
+        npu_g = observe(lambda: _backward(sample.output_process_fn_grad, args, npu.out, npu_grads), on_npu=True)
+        npu_g.drew = npu_g.drew or npu.drew
+        tally.add(i, *compare_calls(cpu_g, npu_g, f"grad of call {k}"))
+
+
+def _differentiable_outputs(out):
+    return [t for t in tensors(out) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
+def _backward(output_process_fn_grad, args, out, grads):
+    """Gradients of the sample's differentiable inputs for the given output ``out``."""
+    outs = _differentiable_outputs(output_process_fn_grad(out))
+    inputs = [t for t in tensors(args) if t.requires_grad]
+    if not outs or not inputs:
+        return None
+    return torch.autograd.grad(outs, inputs, grads, allow_unused=True)
 
 
 def _zero_values(out):
+    """Uninitialized memory (empty*): only metadata is meaningful, so values are replaced by zeros."""
     if isinstance(out, torch.Tensor):
         with torch.no_grad():
             return torch.zeros_like(out)

@@ -2,8 +2,15 @@
 
 Workers are forked from a zygote (see ``worker``). A crash (a signal such as SIGSEGV/SIGABRT, or any
 exit) or a hang is recorded as the failure of the op x dtype being run at that moment, with the
-sample index and phase the worker last reported; the pool then forks a fresh worker and continues
+sample index, form and call the worker last reported; the pool then forks a fresh worker and continues
 with the op's remaining dtypes.
+
+Each task (one op, its dtypes) runs in a fresh worker: the device's per-process state (the launch path's
+per-signature inference cache, whose first call of a signature runs synchronously) then depends on that op
+alone, not on which ops the worker ran before, so a sampled run and the long run see the same first calls.
+
+A pool runs in one launch mode (``mode``: "async", the device's default, or "blocking", which sets
+``ASCEND_LAUNCH_BLOCKING=1`` in the zygote's environment); the zygote confirms the mode the device read.
 """
 import json
 import os
@@ -17,6 +24,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from .names import MODES
+
+# The device's per-process memory record (device_core/include/npudist/runtime_usage.h), unlinked by an atexit
+# handler that a worker's os._exit or a kill skips: the pool removes it when it reaps the worker.
+USAGE_RECORD = "/dev/shm/npudist-usage-{pid}"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -24,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 class Task:
     op: str
     dtypes: list
+    more_forms: tuple = ()  # forms ("*": all) that run every sample, beyond the pool's max_samples
 
 
 @dataclass
@@ -36,6 +49,7 @@ class _Slot:
     task: Task | None = None
     dtype: str | None = None
     where: str = "before the first sample"
+    form: str = "function"
     deadline: float = float("inf")
     stderr_pos: int = 0  # stderr written before the current pair is not its story
     done_dtypes: set = field(default_factory=set)
@@ -54,8 +68,10 @@ class Pool:
     """``size`` worker processes; ``run(tasks)`` yields one record per op x dtype."""
 
     def __init__(self, size: int = 1, max_samples: int | None = None, pair_timeout: float = 120.0,
-                 startup_timeout: float = 300.0, zygote_argv: list | None = None):
-        self.size, self.max_samples = size, max_samples
+                 startup_timeout: float = 300.0, zygote_argv: list | None = None, mode: str = "async"):
+        if mode not in MODES:
+            raise ValueError(f"launch mode {mode!r}: expected one of {MODES}")
+        self.size, self.max_samples, self.mode = size, max_samples, mode
         self.pair_timeout, self.startup_timeout = pair_timeout, startup_timeout
         # The zygote command; tests substitute a scripted one.
         self.zygote_argv = zygote_argv or [sys.executable, "-m", "tests.device.opinfo.worker"]
@@ -70,8 +86,9 @@ class Pool:
     def load_catalog(self) -> dict[str, list[str]]:
         """Every op id of op_db with the dtypes the CPU supports for it (starts the zygote)."""
         if self.zygote is None:
+            blocking = "1" if self.mode == "blocking" else "0"
             env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                       OMP_NUM_THREADS="1")
+                       OMP_NUM_THREADS="1", ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking)
             self.zygote_err = os.path.join(self.dir, "zygote.stderr")
             with open(self.zygote_err, "wb") as err:
                 self.zygote = subprocess.Popen(self.zygote_argv, cwd=REPO, env=env, stdin=subprocess.PIPE,
@@ -79,6 +96,9 @@ class Pool:
             msg = self._zygote_reply(self.startup_timeout)
             if msg.get("t") != "ready":
                 raise RuntimeError(f"opinfo zygote sent {msg!r} instead of its catalog")
+            if msg.get("blocking") != (self.mode == "blocking"):
+                raise RuntimeError(f"opinfo zygote runs with blocking launch {msg.get('blocking')}, "
+                                   f"the pool asked for {self.mode}")
             self.catalog = msg["ops"]
         return self.catalog
 
@@ -124,7 +144,12 @@ class Pool:
         except ProcessLookupError:
             pass
         slot.sock.close()
-        return self._zygote_call(cmd="wait", pid=slot.pid)["status"]
+        status = self._zygote_call(cmd="wait", pid=slot.pid)["status"]
+        try:
+            os.unlink(USAGE_RECORD.format(pid=slot.pid))
+        except FileNotFoundError:
+            pass
+        return status
 
     def close(self) -> None:
         for slot in self.slots:
@@ -166,16 +191,19 @@ class Pool:
     def _assign(self, slot: _Slot, task: Task) -> None:
         slot.task, slot.dtype, slot.done_dtypes = task, None, set()
         slot.deadline = time.monotonic() + self.pair_timeout
-        slot.sock.sendall((json.dumps({"op": task.op, "dtypes": task.dtypes,
-                                       "max_samples": self.max_samples}) + "\n").encode())
+        slot.sock.sendall((json.dumps({"op": task.op, "dtypes": task.dtypes, "max_samples": self.max_samples,
+                                       "more_forms": list(task.more_forms)}) + "\n").encode())
 
     def _failed_pair(self, slot: _Slot, status: str, how: str) -> dict:
         # A worker dies between pairs only if something outside an op killed it: blame the next one.
         dtype = slot.dtype or next((d for d in slot.task.dtypes if d not in slot.done_dtypes), "none")
         tail = self._stderr_tail(slot)
         slot.done_dtypes.add(dtype)
-        return {"op": slot.task.op, "dtype": dtype, "status": status,
-                "message": f"{how} {slot.where}" + (f"; stderr: {tail}" if tail else "")}
+        message = f"{how} {slot.where}" + (f"; stderr: {tail}" if tail else "")
+        form = {"samples": 0, "calls": 0, "agree": 0, "bitwise": 0, "drew": 0, "random_agree": 0,
+                "failures": {status: message}, "status": status, "message": message}
+        return {"op": slot.task.op, "dtype": dtype, "mode": self.mode, "status": status, "message": message,
+                "forms": {slot.form: form}}
 
     def _replace(self, slot: _Slot, pending: list) -> None:
         """Fork a new worker in place of a dead or hung one; it gets the rest of the task."""
@@ -185,7 +213,7 @@ class Pool:
         self.slots[self.slots.index(slot)] = new
         rest = [d for d in task.dtypes if d not in done]
         if rest:
-            self._assign(new, Task(task.op, rest))
+            self._assign(new, Task(task.op, rest, task.more_forms))
         elif pending:
             self._assign(new, pending.pop(0))
 
@@ -225,36 +253,41 @@ class Pool:
     def _handle(self, slot: _Slot, msg: dict, pending: list):
         kind = msg["t"]
         if kind == "begin":
-            slot.dtype, slot.where = msg["dtype"], "before the first sample"
+            slot.dtype, slot.where, slot.form = msg["dtype"], "before the first sample", "function"
             slot.deadline = time.monotonic() + self.pair_timeout
             slot.stderr_pos = self._stderr_size(slot)
         elif kind == "progress":
-            slot.where = f"sample {msg['sample']} ({msg['phase']})"
+            slot.form = msg["form"]
+            call = f"npu call {msg['call']}" if msg["call"] else "cpu call"
+            slot.where = f"sample {msg['sample']} ({msg['form']} {call})"
         elif kind == "pair":
             slot.done_dtypes.add(msg["dtype"])
             slot.dtype = None
-            yield make_record(msg["op"], msg["dtype"], msg["result"])
+            yield make_record(msg["op"], msg["dtype"], self.mode, msg["result"])
         elif kind == "done":
             slot.task = None
             if pending:
-                self._assign(slot, pending.pop(0))
+                self._stop(slot)  # idle: its socket closes and it exits
+                new = self._start()
+                self.slots[self.slots.index(slot)] = new
+                self._assign(new, pending.pop(0))
 
 
-def make_record(op: str, dtype: str, result: dict) -> dict:
-    """Flatten a worker's op x dtype result into a record with one overall ``status``."""
-    rec = {"op": op, "dtype": dtype, "seconds": round(result.get("seconds", 0.0), 3),
+def make_record(op: str, dtype: str, mode: str, result: dict) -> dict:
+    """A worker's op x dtype result as a record: per-form tallies and one overall ``status`` (the worst
+    form's; the forms' own statuses are what the expected-failure list is checked against)."""
+    rec = {"op": op, "dtype": dtype, "mode": mode, "seconds": round(result.get("seconds", 0.0), 3),
            "cpu_seconds": round(result.get("cpu_seconds", 0.0), 3)}
     if "harness_error" in result:
-        rec.update(status="nosamples", message="CPU sample generation failed: " + result["harness_error"])
+        rec.update(status="nosamples", message="CPU sample generation failed: " + result["harness_error"], forms={})
         return rec
-    rec["forward"], rec["backward"] = result["forward"], result.get("backward")
-    if result["forward"]["samples"] == 0:
+    rec["forms"] = result["forms"]
+    if not rec["forms"]:
         rec.update(status="nosamples", message="op_db has no samples for this dtype")
         return rec
     status, message = "agree", ""
-    for phase in ("forward", "backward"):
-        tally = result.get(phase)
-        if tally and tally["status"] != "agree" and status == "agree":
-            status, message = tally["status"], f"{phase} {tally['message']}"
+    for form, tally in rec["forms"].items():
+        if tally["status"] != "agree" and status == "agree":
+            status, message = tally["status"], f"{form} {tally['message']}"
     rec.update(status=status, message=message)
     return rec

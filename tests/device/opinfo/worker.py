@@ -7,9 +7,13 @@ Unix socket at ``path`` (reply ``{"pid": n}``); ``{"cmd": "wait", "pid": n}`` re
 milliseconds where a fresh interpreter costs seconds of imports, so a crashed worker is cheap to
 replace. The zygote never runs an op (no intra-op or autograd threads exist when it forks).
 
-A worker receives tasks ``{"op": id, "dtypes": [names], "max_samples": K}`` and sends ``begin`` and
-``progress`` before anything that could kill the process (so the pool knows where a crash happened),
-``pair`` (one op x dtype result) and ``done``.
+The zygote's ``ready`` message also says which launch mode the process runs in (``blocking``: the pool
+sets ``ASCEND_LAUNCH_BLOCKING`` in the zygote's environment, read once by the device).
+
+A worker receives tasks ``{"op": id, "dtypes": [names], "max_samples": K, "more_forms": [forms]}`` (the
+forms that continue beyond K samples) and sends ``begin`` and
+``progress`` (sample, form, call) before anything that could kill the process (so the pool knows where a
+crash happened), ``pair`` (one op x dtype result) and ``done``.
 """
 import json
 import os
@@ -17,10 +21,11 @@ import socket
 import sys
 
 
-def serve_zygote(catalog: dict, run_task) -> None:
-    """Announce ``catalog`` (op id -> dtype names), then fork workers that call ``run_task(task, send)``."""
+def serve_zygote(catalog: dict, run_task, blocking: bool = False) -> None:
+    """Announce ``catalog`` (op id -> dtype names) and the launch mode, then fork workers that call
+    ``run_task(task, send)``."""
     out = sys.stdout
-    out.write(json.dumps({"t": "ready", "ops": catalog}) + "\n")
+    out.write(json.dumps({"t": "ready", "ops": catalog, "blocking": blocking}) + "\n")
     out.flush()
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -67,8 +72,11 @@ def _catalog_and_runner():
     from torch.testing._internal.common_methods_invocations import op_db
 
     from .execute import dtype_name, op_id, run_op_dtype
+    from .observe import expose_draws
 
     torch.set_num_threads(1)  # one core per worker: the pool decides the parallelism
+    torch._C._set_warnAlways(True)  # warn-once C++ warnings fire on every call (observe.py)
+    expose_draws()
     ops = {op_id(op): op for op in op_db}
 
     def run_task(task, send):
@@ -76,11 +84,12 @@ def _catalog_and_runner():
         for name in task["dtypes"]:
             send(t="begin", dtype=name)
             result = run_op_dtype(op, getattr(torch, name), task["max_samples"],
-                                  lambda i, phase: send(t="progress", sample=i, phase=phase))
+                                  lambda i, form, call: send(t="progress", sample=i, form=form, call=call),
+                                  task.get("more_forms", ()))
             send(t="pair", op=task["op"], dtype=name, result=result)
 
     catalog = {name: sorted(dtype_name(d) for d in op.supported_dtypes("cpu")) for name, op in ops.items()}
-    return catalog, run_task
+    return catalog, run_task, torch.npu.launch.is_blocking()
 
 
 if __name__ == "__main__":
