@@ -351,7 +351,20 @@ def test_out_and_inplace_forms_check_what_they_return():
     assert forms["inplace"]["status"] == "agree"  # not in place on either side: same behaviour
 
 
-def test_warnings_must_match_in_number_and_channel():
+@pytest.fixture
+def stderr_in_a_file(tmp_path):
+    """fd 2 on a regular file, as in a pool worker (pytest's -s would leave it on a terminal)."""
+    saved = os.dup(2)
+    with open(tmp_path / "stderr", "wb") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def test_warnings_must_match_in_message_and_channel(stderr_in_a_file):
     def warns(x, on_npu_extra=False, thread=False):
         if x.device.type == "npu" and thread:
             t = threading.Thread(target=lambda: os.write(2, b"[W1204 10:00:00.000 Resize.cpp:30] Warning: "
