@@ -158,3 +158,14 @@ def test_meta_inference_warns_nothing_of_its_own(form):
     for value, error, caught in results[1:]:
         assert caught == cpu_warnings and error == cpu_error
         assert (value is None) == (cpu_value is None) and (value is None or torch.equal(value, cpu_value))
+
+
+def test_out_forms_with_composite_kernels_run_the_cpu_kernel():
+    # mode.values (torch.mode(..., out=)) has only a composite kernel, which checks the device first; its
+    # functional form runs CPU's kernel on npu, so the out= form must too.
+    x = torch.randn(4, 5)
+    ref = torch.mode(x, 1)
+    for call in range(2):
+        values, indices = torch.empty(4, device="npu"), torch.empty(4, dtype=torch.long, device="npu")
+        torch.mode(x.npu(), 1, out=(values, indices))
+        assert torch.equal(values.cpu(), ref.values) and torch.equal(indices.cpu(), ref.indices), f"call {call}"
