@@ -245,8 +245,8 @@ class Fallback {
       out_op->redispatchBoxed(cpu, &call);
       for (size_t i = 0; i < outs.size(); ++i) {
         if (outs[i].const_data_ptr() == data[i]) continue;
-        // Some out= kernels give their output new memory even when its shape is already right (mse_loss.out
-        // with a reduction): the result is correct but elsewhere, so move it into the npu output.
+        // An out= kernel that gave its output new memory although the signature's check saw it write in place
+        // (out_form_agrees; a data-dependent path): the result is correct but elsewhere, so move it in.
         TORCH_CHECK(outs[i].sizes() == dst[i].sizes() && outs[i].scalar_type() == dst[i].scalar_type(),
                     "the CPU kernel of ", out_op->schema().operator_name(), " returned ", outs[i].sizes(), " ",
                     outs[i].scalar_type(), " but its Meta kernel inferred ", dst[i].sizes(), " ",
