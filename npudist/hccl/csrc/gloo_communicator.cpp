@@ -49,8 +49,10 @@ at::Tensor view_of(const void* p, size_t count, at::ScalarType t) {
 
 at::Tensor bytes_of(const void* p, size_t bytes) { return view_of(p, bytes, at::kByte); }
 
-// Combines the contributions (rows of `parts`) with the reduce op.
-at::Tensor combine(const at::Tensor& parts, comm::Reduction op) {
+// Combines the contributions (rows of `parts`) with the reduce op, then multiplies by `scale` (AVG,
+// PREMUL_SUM). fp16/bf16 accumulate and scale in fp32 and round once, as the shm engine does
+// (docs/hccl_engine.md): scaling after the rounding rounded twice.
+at::Tensor combine(const at::Tensor& parts, comm::Reduction op, double scale) {
   const auto t = parts.scalar_type();
   if (t == at::kBool) {
     switch (op) {
@@ -77,6 +79,7 @@ at::Tensor combine(const at::Tensor& parts, comm::Reduction op) {
       break;
     }
   }
+  if (scale != 1.0) r.mul_(scale);
   return low ? r.to(t) : r;
 }
 
@@ -86,9 +89,7 @@ void combine_into(const std::vector<at::Tensor>& rows, void* out, size_t count, 
   const at::ScalarType st = scalar_type_of(t);
   const int64_t n = static_cast<int64_t>(rows.size());
   at::Tensor parts = at::stack(rows).view(st).view({n, static_cast<int64_t>(count)});
-  at::Tensor r = combine(parts, op);
-  if (scale != 1.0) r.mul_(scale);
-  view_of(out, count, st).copy_(r);
+  view_of(out, count, st).copy_(combine(parts, op, scale));
 }
 
 // `n` byte views of consecutive blocks of `block` bytes starting at `p`.
