@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
+# Not `from conftest import REPO`: with several test directories collected, "conftest" may be another one's.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_example(example_dir: str, build_dir: str, timeout: float) -> str:

@@ -6,8 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
-from example_build import build_example
+from example_build import REPO, build_example
 
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from runtime_ext import HostGate  # noqa: E402

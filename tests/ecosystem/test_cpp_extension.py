@@ -5,8 +5,7 @@ import os
 import pytest
 import torch
 
-from conftest import REPO
-from example_build import build_example
+from example_build import REPO, build_example
 
 EXAMPLE = os.path.join(REPO, "examples", "cpp_extension")
 BUILD_TIMEOUT = 500  # s; the build takes well under a minute on an idle 2-core machine
