@@ -121,40 +121,7 @@ class Fallback {
     const bool cacheable = signature_key(op_, *stack_, begin, key, npu_args);
     std::shared_ptr<const Inferred> inf = cacheable ? find_inferred(key) : nullptr;
     if (!inf) {
-      // A new signature runs synchronously once, and is queued from then on only if the CPU kernel's outputs
-      // matched the Meta kernel's inference exactly (some Meta kernels differ, e.g. _embedding_bag's
-      // offset2bag); not cacheable signatures always run synchronously.
-      // A signature whose kernel warns stays synchronous too: its warnings are part of the result the caller
-      // sees on every call, raised at the call (a queued kernel's warning would arrive at a later point).
-      std::shared_ptr<const Inferred> inferred = cacheable ? infer_outputs(op_, *stack_, begin, needs_generator_) : nullptr;
-      launch::count_synchronous();
-      launch::drain(device_);
-      std::optional<torch::jit::Stack> call_args;  // for out_form_agrees: run_now replaces them by the returns
-      if (inferred && inferred->out_op) call_args.emplace(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
-      // What a kernel may change on its arguments besides their bytes, which a queued run could not carry over
-      // (it learns them only when it ran): a lazy conj/neg bit the CPU kernel flipped, e.g. linalg_lu_solve.out.
-      std::vector<int> bits;
-      for (const at::Tensor& t : npu_args) bits.push_back(t.is_conj() * 2 + t.is_neg());
-      bool warned;
-      {
-        WarningProbe probe(/*forward=*/true);
-        run_now(begin);
-        warned = probe.warned();
-      }
-      if (!cacheable) return true;
-      bool bits_changed = false;
-      for (size_t i = 0; i < npu_args.size(); ++i) bits_changed |= bits[i] != npu_args[i].is_conj() * 2 + npu_args[i].is_neg();
-      std::shared_ptr<const Inferred> checked = warned || bits_changed ? not_queueable() : verify_outputs(op_, inferred, *stack_, npu_args);
-      if (checked->out_op) {
-        std::vector<at::Tensor> results;
-        for (size_t i = stack_->size() - checked->outs.size(); i < stack_->size(); ++i) results.push_back((*stack_)[i].toTensor());
-        if (!out_form_agrees(*checked->out_op, *checked, std::move(*call_args), results)) {
-          auto functional = std::make_shared<Inferred>(*checked);
-          functional->out_op.reset();
-          checked = std::move(functional);
-        }
-      }
-      store_inferred(key, std::move(checked));
+      run_first_call(begin, cacheable ? &key : nullptr, npu_args);
       return true;
     }
     if (!inf->ok) return false;
@@ -226,6 +193,43 @@ class Fallback {
       }
     }
     return true;
+  }
+
+  // A new signature runs synchronously once, and is queued from then on only if the CPU kernel's outputs
+  // matched the Meta kernel's inference exactly (some Meta kernels differ, e.g. _embedding_bag's offset2bag),
+  // it raised no warning (its warnings are part of the result the caller sees on every call, at the call) and
+  // it flipped no argument's lazy conj/neg bit (a queued run learns that only when it ran, e.g.
+  // linalg_lu_solve.out). `key` null: not cacheable, always synchronous.
+  void run_first_call(size_t begin, const std::string* key, const std::vector<at::Tensor>& npu_args) {
+    std::shared_ptr<const Inferred> inferred = key ? infer_outputs(op_, *stack_, begin, needs_generator_) : nullptr;
+    launch::count_synchronous();
+    launch::drain(device_);
+    std::optional<torch::jit::Stack> call_args;  // for out_form_agrees: run_now replaces them by the returns
+    if (inferred && inferred->out_op) call_args.emplace(stack_->begin() + static_cast<std::ptrdiff_t>(begin), stack_->end());
+    auto bits = [](const at::Tensor& t) { return t.is_conj() * 2 + t.is_neg(); };
+    std::vector<int> bits_before;
+    for (const at::Tensor& t : npu_args) bits_before.push_back(bits(t));
+    bool warned;
+    {
+      WarningProbe probe(/*forward=*/true);
+      run_now(begin);
+      warned = probe.warned();
+    }
+    if (!key) return;
+    bool bits_changed = false;
+    for (size_t i = 0; i < npu_args.size(); ++i) bits_changed |= bits_before[i] != bits(npu_args[i]);
+    std::shared_ptr<const Inferred> checked =
+        warned || bits_changed ? not_queueable() : verify_outputs(op_, inferred, *stack_, npu_args);
+    if (checked->out_op) {
+      std::vector<at::Tensor> results;
+      for (size_t i = stack_->size() - checked->outs.size(); i < stack_->size(); ++i) results.push_back((*stack_)[i].toTensor());
+      if (!out_form_agrees(*checked->out_op, *checked, std::move(*call_args), results)) {
+        auto functional = std::make_shared<Inferred>(*checked);
+        functional->out_op.reset();
+        checked = std::move(functional);
+      }
+    }
+    store_inferred(*key, std::move(checked));
   }
 
   // The queued kernel (on the stream's worker).
