@@ -4,7 +4,8 @@ Large ops (2048x2048 matmul, 4M-element elementwise), the 3x3 convolution of a R
 (64 channels, 56x56, batch 8; forward, and forward + backward) and tiny ops (100 elements), measured side
 by side: the two sides are interleaved in rounds and medians reported, so machine noise hits both alike.
 Targets: large ops within 1.05x of cpu, ResNet-block conv2d within 1.10x;
-tiny-op added overhead under 5 us.
+tiny-op added overhead under 5 us. Each timed loop ends with torch.npu.synchronize(), so in the default
+asynchronous launch mode it measures the kernels' completion, not only their queueing.
 
     .venv/bin/python benchmarks/device_overhead.py [--rounds 7]
 """
@@ -26,10 +27,14 @@ def _no_grad(module, x):
 
 
 def _time_per_call(fn, iters: int) -> float:
+    # Launch is asynchronous by default: the time of an npu loop ends when its kernels have run, not when the
+    # host has queued them (torch.npu.synchronize; a no-op cost for the cpu side).
     fn()  # warm-up (allocator caches, dispatcher)
+    torch.npu.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    torch.npu.synchronize()
     return (time.perf_counter() - t0) / iters
 
 
