@@ -1,4 +1,4 @@
-"""Scenarios: the ops Gloo offers beyond the core collectives (issue 15) on cpu and npu tensors:
+"""Scenarios: the ops Gloo offers beyond the core collectives on cpu and npu tensors:
 all_gather_coalesced (list of lists), recv from any source (+ source rank), sparse COO all_reduce,
 monitored barrier (success, a late rank named, wait_all_ranks naming every missing rank), the
 barrier timeout message, and torch_npu's uneven all_gather / reduce_scatter."""

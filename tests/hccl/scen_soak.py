@@ -1,4 +1,4 @@
-"""Scenarios: back-to-back collectives whose protocol paths differ (issue 19) and the seeded randomized soak."""
+"""Scenarios: back-to-back collectives whose protocol paths differ and the seeded randomized soak."""
 from __future__ import annotations
 
 import torch
@@ -19,7 +19,7 @@ def a2a_even(n_per_rank: int, dtype=torch.int32, device="cpu") -> None:
 
 @scenario
 def a2a_back_to_back():
-    """Issue 19's reproducer and its siblings: size sequences that cross the staged/direct/zero-copy paths."""
+    """Size sequences that cross the staged/direct/zero-copy paths, back to back."""
     init(timeout=30)
     sequences = [(250, 262144), (262144, 250), (1, 65536, 1), (250, 250, 262144, 262144, 7),
                  (70000, 3, 300000, 16, 131072)]

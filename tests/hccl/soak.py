@@ -1,4 +1,4 @@
-"""Seeded randomized soak of the hccl backend (issue 19).
+"""Seeded randomized soak of the hccl backend.
 
 Every rank draws the same random program from (seed, op index): which collective or p2p pattern, which group
 (the world or a subgroup created mid-run, overlapping others), dtype, reduce op, root, split sizes, device
@@ -83,7 +83,7 @@ class Soak:
             group, ranks = self.pick_group(rng)
             fn = rng.choices(fns, weights)[0]
             # Bursts of the same collective with independent sizes back to back: a rank that finished call
-            # N posts call N+1 while its peers still work on N (issue 19 hid there).
+            # N posts call N+1 while its peers still work on N (where protocol bugs between paths hide).
             reps = rng.choice([1, 1, 2, 3, 5])
             if RANK not in ranks:
                 continue

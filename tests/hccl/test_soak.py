@@ -1,4 +1,4 @@
-"""Issue 19: back-to-back collectives whose protocol paths differ, legal schedules with a rank one call ahead,
+"""Back-to-back collectives whose protocol paths differ, legal schedules with a rank one call ahead,
 genuine mismatches, and a bounded run of the seeded randomized soak (tests/hccl/soak.py).
 
 The long soak is `python benchmarks/hccl_soak.py` (docs/hccl.md records its last result). A failure prints
