@@ -87,6 +87,23 @@ void CachingAllocator::empty_cache() {
   for (auto& d : devices_) d->empty_cache();
 }
 
+void CachingAllocator::empty_cache(PoolId pool) {
+  for (auto& d : devices_) d->empty_cache(pool);
+}
+
+void CachingAllocator::create_pool(int device, PoolId pool, const PoolOptions& opts) {
+  dev(device).create_pool(pool, opts);
+}
+
+void CachingAllocator::begin_allocate_to_pool(int device, PoolId pool, PoolFilter filter) {
+  if (!filter) throw std::invalid_argument("begin_allocate_to_pool: no filter given");
+  dev(device).begin_allocate_to_pool(pool, std::move(filter));
+}
+
+void CachingAllocator::end_allocate_to_pool(int device, PoolId pool) { dev(device).end_allocate_to_pool(pool); }
+void CachingAllocator::release_pool(int device, PoolId pool) { dev(device).release_pool(pool); }
+int CachingAllocator::pool_use_count(int device, PoolId pool) { return dev(device).pool_use_count(pool); }
+
 DeviceStats CachingAllocator::stats(int device) { return dev(device).stats(); }
 void CachingAllocator::reset_peak_stats(int device) { dev(device).reset_peak_stats(); }
 void CachingAllocator::reset_accumulated_stats(int device) { dev(device).reset_accumulated_stats(); }

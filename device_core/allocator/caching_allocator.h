@@ -22,6 +22,25 @@ namespace npudist::alloc {
 // Opaque allocation context (a captured stack trace); the core only stores and returns it.
 using Context = std::shared_ptr<void>;
 
+// A private pool's id, c10::MempoolId_t's layout: (0, n) for a user-created MemPool, (n, 0) for a graph's.
+// (0, 0) is the default pools.
+using PoolId = std::pair<uint64_t, uint64_t>;
+// Chooses, per allocation, whether it goes to a private pool; called on the allocating thread with the
+// allocation's stream (a MemPool routes the current thread, a graph capture its stream).
+using PoolFilter = std::function<bool(int64_t stream)>;
+// Where a private pool's segments come from when not from the device (MemPool(allocator=...)): the
+// pool still caches, splits and merges inside them; the source sees whole segments only.
+struct SegmentSource {
+  std::function<void*(int device, size_t size, int64_t stream)> alloc;  // nullptr when it has no memory
+  std::function<void(void* ptr, size_t size, int device, int64_t stream)> free;
+};
+// Options of a private pool (torch.cuda.MemPool's arguments).
+struct PoolOptions {
+  std::shared_ptr<SegmentSource> source;  // null: device memory through the hooks
+  bool use_on_oom = false;  // its free blocks serve other allocations when the device is otherwise full
+  bool no_split = false;    // a segment of this pool serves one allocation (never split)
+};
+
 // What the core needs from the device runtime, injected so unit tests can fake it.
 class DeviceHooks {
  public:
@@ -69,6 +88,8 @@ struct DeviceStats {
   int64_t num_device_alloc = 0, num_device_free = 0, num_oom_rejections = 0;
   Stat oversize_allocations, oversize_segments;
   int64_t max_split_size = 0;
+  // reserved_bytes of each live private pool (counted in reserved_bytes too).
+  std::vector<std::pair<PoolId, StatArray>> reserved_bytes_by_private_pools;
 };
 
 enum class Action {
@@ -104,6 +125,7 @@ struct SegmentInfo {
   int64_t stream;
   bool is_large, is_expandable;
   std::vector<BlockInfo> blocks;
+  PoolId pool_id{0, 0};
 };
 
 // _record_memory_history settings.
@@ -141,7 +163,23 @@ class CachingAllocator {
   bool owns(void* ptr);
   int device_count() const { return static_cast<int>(devices_.size()); }
 
+  // Returns the unused segments of the default pools and of private pools nobody uses any more.
   void empty_cache();
+  // Returns the unused segments of one private pool on every device (a pool still in use keeps
+  // allocating; a released one is forgotten once it holds no segment).
+  void empty_cache(PoolId pool);
+
+  // Private pools (the caching allocator's; MemPool and graph capture). A pool is created on first use
+  // with a use count of 1; each create/begin adds one and each release drops one. Its segments serve
+  // only allocations routed to it, and come back to the device only once its use count is 0 (empty_cache).
+  // Throws std::invalid_argument for a pool id of (0, 0) or options that contradict an existing pool.
+  void create_pool(int device, PoolId pool, const PoolOptions& opts = {});
+  // Routes allocations on `device` for which `filter` says yes into `pool` (creating or increfing it),
+  // until end_allocate_to_pool. Throws std::invalid_argument if allocations already go to `pool`.
+  void begin_allocate_to_pool(int device, PoolId pool, PoolFilter filter);
+  void end_allocate_to_pool(int device, PoolId pool);
+  void release_pool(int device, PoolId pool);
+  int pool_use_count(int device, PoolId pool);  // 0 if the device has no such pool
   DeviceStats stats(int device);
   void reset_peak_stats(int device);
   void reset_accumulated_stats(int device);

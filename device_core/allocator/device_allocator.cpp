@@ -20,7 +20,7 @@ DeviceAllocator::~DeviceAllocator() {
     if (!b->expandable && !b->prev) {
       size_t total = 0;
       for (Block* x = b; x; x = x->next) total += x->size;
-      hooks_->unmap_segment(b->ptr, total);
+      unmap_range(b->pool, b->ptr, total, b->stream);
     }
   }
   for (Block* b : all_blocks()) delete b;
@@ -39,7 +39,7 @@ Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& 
   std::unique_lock<std::mutex> lock(mu_);
   process_events();
   size_t size = round_size(cfg_, orig_size);
-  BlockPool* pool = size <= kSmallSize ? &small_ : &large_;
+  BlockPool* pool = pool_for(size, stream);
   AllocParams p{stream, size, caching_ ? segment_size_for(size) : size, pool, nullptr, &ctx};
   bool found = false;
   if (!caching_) {
@@ -50,7 +50,7 @@ Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& 
       if (cfg_.garbage_collection_threshold > 0) garbage_collect_cached_blocks(ctx);
       found = alloc_block(p, false) ||
               (release_available_cached_blocks(p) && alloc_block(p, false)) ||
-              (release_cached_blocks(ctx, lock) && alloc_block(p, true));
+              (release_cached_blocks(ctx, lock) && alloc_block(p, true)) || get_free_block_on_oom(p);
     }
   }
   if (!found) {
@@ -83,16 +83,22 @@ bool DeviceAllocator::get_free_block(AllocParams& p) {
 
 bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
   if (is_retry) stats_.num_alloc_retries += 1;
-  if (caching_ && cfg_.expandable_segments) return alloc_expandable(p);
+  // Private pools use fixed segments: their memory must stay theirs, and a segment source hands out
+  // whole segments.
+  if (caching_ && cfg_.expandable_segments && !p.pool->owner) return alloc_expandable(p);
   size_t size = p.alloc_size;
   if (total_reserved_ + size > allowed_bytes()) {
     // The device still has room but this process's fraction does not: a preemptive rejection.
     if (fraction_set_ && total_reserved_ + size <= capacity_) stats_.num_oom_rejections += 1;
     return false;
   }
-  void* ptr = hooks_->map_segment(device_, size);
+  void* ptr = map_segment_for(p, size);
   if (!ptr) return false;
   total_reserved_ += size;
+  if (PrivatePool* pp = p.pool->owner) {
+    pp->segments += 1;
+    for (size_t t : stat_types(p.pool)) pp->reserved_bytes[t].increase(static_cast<int64_t>(size));
+  }
   Block* b = new Block(device_, p.stream, size, p.pool, static_cast<char*>(ptr));
   for (size_t t : stat_types(p.pool)) {
     stats_.segment[t].increase(1);
@@ -107,6 +113,7 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
 
 bool DeviceAllocator::should_split(const Block* block, size_t size) const {
   size_t remaining = block->size - size;
+  if (block->pool->owner && block->pool->owner->opts.no_split) return false;
   if (block->pool->is_small || block->expandable) return remaining >= kMinBlockSize;
   return size < cfg_.max_split_size && remaining > kSmallSize;
 }
@@ -311,6 +318,7 @@ bool DeviceAllocator::release_cached_blocks(const Context& ctx, std::unique_lock
   wait_pending(lock);
   release_blocks(&large_, ctx);
   release_blocks(&small_, ctx);
+  release_freeable_pools(ctx);
   return true;
 }
 
@@ -327,8 +335,12 @@ void DeviceAllocator::release_blocks(BlockPool* pool, const Context& ctx) {
 
 void DeviceAllocator::release_block(Block* block, const Context& ctx) {
   assert(!block->is_split() && !block->expandable);
-  hooks_->unmap_segment(block->ptr, block->size);
+  unmap_range(block->pool, block->ptr, block->size, block->stream);
   total_reserved_ -= block->size;
+  if (PrivatePool* pp = block->pool->owner) {
+    pp->segments -= 1;
+    for (size_t t : stat_types(block->pool)) pp->reserved_bytes[t].decrease(static_cast<int64_t>(block->size));
+  }
   for (size_t t : stat_types(block->pool)) {
     stats_.segment[t].decrease(1);
     stats_.reserved_bytes[t].decrease(static_cast<int64_t>(block->size));

@@ -54,12 +54,27 @@ struct BlockCmp {
   }
 };
 
+struct PrivatePool;
+
 struct BlockPool {
-  explicit BlockPool(bool small) : is_small(small) {}
+  BlockPool(bool small, PrivatePool* owner_ = nullptr) : is_small(small), owner(owner_) {}
   std::set<Block*, BlockCmp> blocks;    // free, mapped, reusable
   std::set<Block*, BlockCmp> unmapped;  // address space of expandable segments not yet committed
   bool is_small;
+  PrivatePool* owner;  // null for the default pools
   int64_t get_free_blocks_call_count = 0;
+};
+
+// A private pool: its own small and large pools, whose segments no other allocation uses.
+struct PrivatePool {
+  PrivatePool(PoolId id_, PoolOptions opts_) : id(id_), opts(std::move(opts_)) {}
+  PoolId id;
+  PoolOptions opts;
+  int use_count = 1;
+  size_t segments = 0;  // fixed segments it holds (it can be forgotten only at 0)
+  BlockPool large{false, this};
+  BlockPool small{true, this};
+  StatArray reserved_bytes;
 };
 
 struct AllocParams {
@@ -80,6 +95,13 @@ class DeviceAllocator {
   void free(Block* block, const Context& ctx);
   void record_stream(Block* block, int64_t stream);
   void empty_cache();
+  void empty_cache(PoolId pool);
+
+  void create_pool(PoolId pool, const PoolOptions& opts);
+  void begin_allocate_to_pool(PoolId pool, PoolFilter filter);
+  void end_allocate_to_pool(PoolId pool);
+  void release_pool(PoolId pool);
+  int pool_use_count(PoolId pool);
 
   DeviceStats stats();
   void reset_peak_stats();
@@ -116,6 +138,14 @@ class DeviceAllocator {
   void wait_pending(std::unique_lock<std::mutex>& lock);
   bool release_available_cached_blocks(const AllocParams& p);
   bool release_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock);
+  // device_private_pools.cpp
+  BlockPool* pool_for(size_t size, int64_t stream);
+  bool get_free_block_on_oom(AllocParams& p);
+  void create_or_incref_pool(PoolId pool, const PoolOptions& opts);
+  void release_private_pool_blocks(PrivatePool* pp, const Context& ctx);
+  void release_freeable_pools(const Context& ctx);
+  void* map_segment_for(const AllocParams& p, size_t size);
+  void unmap_range(BlockPool* pool, void* ptr, size_t size, int64_t stream);
   void release_blocks(BlockPool* pool, const Context& ctx);
   void release_block(Block* block, const Context& ctx);
   void release_expandable_pages(Block* block, const Context& ctx);
@@ -145,6 +175,8 @@ class DeviceAllocator {
   std::vector<TraceEntry> trace_;
   size_t trace_next_ = 0;
   std::vector<OomObserver> oom_observers_;
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::vector<std::pair<PoolId, PoolFilter>> allocating_to_;  // begin_allocate_to_pool, oldest first
 };
 
 }  // namespace npudist::alloc

@@ -8,7 +8,9 @@ namespace npudist::alloc {
 
 DeviceStats DeviceAllocator::stats() {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  DeviceStats out = stats_;
+  for (const auto& [id, pp] : private_pools_) out.reserved_bytes_by_private_pools.emplace_back(id, pp->reserved_bytes);
+  return out;
 }
 
 void DeviceAllocator::reset_peak_stats() {
@@ -17,6 +19,8 @@ void DeviceAllocator::reset_peak_stats() {
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes})
     for (Stat& s : *a) s.reset_peak();
+  for (auto& [id, pp] : private_pools_)
+    for (Stat& s : pp->reserved_bytes) s.reset_peak();
   stats_.oversize_allocations.reset_peak();
   stats_.oversize_segments.reset_peak();
 }
@@ -27,6 +31,8 @@ void DeviceAllocator::reset_accumulated_stats() {
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes})
     for (Stat& s : *a) s.reset_accumulated();
+  for (auto& [id, pp] : private_pools_)
+    for (Stat& s : pp->reserved_bytes) s.reset_accumulated();
   stats_.oversize_allocations.reset_accumulated();
   stats_.oversize_segments.reset_accumulated();
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_sync_all_streams = 0;
@@ -67,7 +73,12 @@ void DeviceAllocator::attach_oom_observer(OomObserver obs) {
 
 std::vector<Block*> DeviceAllocator::all_blocks() const {
   std::vector<Block*> out(active_blocks_.begin(), active_blocks_.end());
-  for (const BlockPool* pool : {&large_, &small_}) {
+  std::vector<const BlockPool*> pools{&large_, &small_};
+  for (const auto& [id, pp] : private_pools_) {
+    pools.push_back(&pp->large);
+    pools.push_back(&pp->small);
+  }
+  for (const BlockPool* pool : pools) {
     out.insert(out.end(), pool->blocks.begin(), pool->blocks.end());
     out.insert(out.end(), pool->unmapped.begin(), pool->unmapped.end());
   }
@@ -113,7 +124,8 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() {
       }
       if (!cur) {
         out.push_back(SegmentInfo{device_, reinterpret_cast<uintptr_t>(b->ptr), 0, 0, 0, 0, b->stream,
-                                  !b->pool->is_small, b->expandable != nullptr, {}});
+                                  !b->pool->is_small, b->expandable != nullptr, {},
+                                  b->pool->owner ? b->pool->owner->id : PoolId{0, 0}});
         cur = &out.back();
       }
       add_block(cur, b);

@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ALLOC = os.path.join(ROOT, "device_core", "allocator")
 CORE_SOURCES = ["alloc_config.cpp", "expandable_region.cpp", "caching_allocator.cpp", "device_allocator.cpp",
-                "device_expandable.cpp", "device_info.cpp"]
+                "device_expandable.cpp", "device_info.cpp", "device_private_pools.cpp"]
 TEST_SRCS = sorted(glob.glob(os.path.join(HERE, "core_test_*.cpp")))
 
 
