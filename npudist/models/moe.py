@@ -11,7 +11,9 @@ Every block from ``n_dense_layers`` on replaces the SwiGLU feed-forward with ``M
   (the forward value is untouched, so the training loss and the loss function stay those of the dense model).
 
 Tokens reach their experts through a dispatcher: ``LocalDispatch`` here, the all-to-all of
-``npudist.ep.AllToAllDispatch`` under expert parallelism. Per-expert token counts of the routing are kept
+``npudist.ep.AllToAllDispatch`` under expert parallelism. Under tensor parallelism with sequence parallelism
+(``npudist.models.tp_plan``) each tp rank routes only the tokens of its sequence shard (``token_group``):
+router and experts are replicated over tp, so their gradients are summed over the tp group (``SumGradOver``). Per-expert token counts of the routing are kept
 in ``tokens_per_expert`` (summed until read by ``take_expert_load``).
 """
 from __future__ import annotations
@@ -24,17 +26,36 @@ from npudist.models.llama import Attention, FeedForward, RMSNorm, Transformer, T
 
 
 class AddAuxLoss(torch.autograd.Function):
-    """Returns ``x`` unchanged; in backward also gives ``aux`` the gradient 1, as if ``aux`` had been added to
-    the final loss (the DeepSeek-V2/V3 trick: the loss function and the logged loss need not know about it)."""
+    """Returns ``x`` unchanged; in backward also gives ``aux`` the gradient ``scale`` (1: as if ``aux`` had been
+    added to the final loss; the DeepSeek-V2/V3 trick: the loss function and the logged loss need not know
+    about it)."""
 
     @staticmethod
-    def forward(ctx, x, aux):
-        ctx.aux_shape, ctx.aux_dtype = aux.shape, aux.dtype
+    def forward(ctx, x, aux, scale: float = 1.0):
+        ctx.aux_shape, ctx.aux_dtype, ctx.scale = aux.shape, aux.dtype, scale
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, torch.ones(ctx.aux_shape, dtype=ctx.aux_dtype, device=grad.device)
+        return grad, torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype, device=grad.device), None
+
+
+class SumGradOver(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group``. For a weight every rank of the group holds
+    whole but applies to different tokens (Megatron's copy-to-region, here on a weight): the sum of the
+    ranks' gradients is the gradient over all tokens."""
+
+    @staticmethod
+    def forward(ctx, w, group):
+        ctx.group = group
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class ScaleGrad(torch.autograd.Function):
@@ -56,9 +77,11 @@ class Router(nn.Module):
         self.gate = nn.Linear(args.dim, args.n_experts, bias=False)
         self.top_k, self.score_func, self.route_norm = args.top_k, args.score_func, args.route_norm
 
-    def forward(self, x: torch.Tensor):
-        """x [tokens, dim] -> (top-k weights [tokens, k], expert ids [tokens, k], scores [tokens, E])."""
-        logits = self.gate(x).float()
+    def forward(self, x: torch.Tensor, token_group=None):
+        """x [tokens, dim] -> (top-k weights [tokens, k], expert ids [tokens, k], scores [tokens, E]).
+        ``token_group``: the ranks that hold this gate whole and route other tokens with it (tp)."""
+        weight = self.gate.weight if token_group is None else SumGradOver.apply(self.gate.weight, token_group)
+        logits = F.linear(x, weight).float()
         scores = logits.softmax(-1) if self.score_func == "softmax" else logits.sigmoid()
         weights, experts = scores.topk(self.top_k, dim=-1)
         if self.route_norm or self.score_func == "sigmoid":
@@ -78,11 +101,15 @@ class GroupedExperts(nn.Module):
         # Set by npudist.ep: every ep rank's tokens contribute to these weights' gradients while each rank's
         # loss is a mean over its own tokens; the factor turns the sum over the ep ranks into their mean.
         self.grad_scale = 1.0
+        # Set by the TP plan: the tp ranks hold the same experts and send them different tokens.
+        self.grad_sum_group = None
 
     def local_weights(self) -> list[torch.Tensor]:
         out = []
         for w in (self.w1, self.w2, self.w3):
             w = w.to_local() if hasattr(w, "to_local") else w
+            if self.grad_sum_group is not None:
+                w = SumGradOver.apply(w, self.grad_sum_group)
             out.append(ScaleGrad.apply(w, self.grad_scale) if self.grad_scale != 1.0 else w)
         return out
 
@@ -148,13 +175,15 @@ class MoE(nn.Module):
         self.shared_expert = FeedForward(args.dim, hidden) if hidden else None
         self.aux_loss_coef, self.score_func = args.aux_loss_coef, args.score_func
         self.dispatcher = LocalDispatch()
-        self.seq_group = None          # the cp group under context parallelism (set by npudist.cp)
+        self.seq_group = None          # the cp (or, with sequence parallel TP, tp) group: sequence shards
+        self.token_group = None        # the tp group: ranks routing different tokens with the same router
+        self.aux_grad_scale = 1.0      # 1/tp under TP: every tp rank backpropagates the same aux loss
         self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bs, seqlen, dim = x.shape
         tokens = x.reshape(-1, dim)
-        weights, experts, scores = self.router(tokens)
+        weights, experts, scores = self.router(tokens, self.token_group)
         flat = experts.reshape(-1)
         counts = torch.bincount(flat, minlength=self.n_experts)
         if torch._C._current_graph_task_id() == -1:   # not an activation-checkpoint recompute in backward
@@ -171,7 +200,7 @@ class MoE(nn.Module):
         if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():
             aux = sequence_aux_loss(scores, experts, bs, self.aux_loss_coef, self.score_func == "sigmoid",
                                     self.seq_group)
-            out = AddAuxLoss.apply(out, aux)
+            out = AddAuxLoss.apply(out, aux, self.aux_grad_scale)
         return out
 
     def init_weights(self, out_std: float) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .config import ModelConfig
-from .llama_spec import module_names, param_shapes, transformer_dims
+from .llama_spec import BUILTIN_TP_SHARDED, module_names, param_shapes, transformer_dims
 from .rules import check_transformer
 from .spec import ModelLayout, ModelSpec
 
@@ -82,7 +82,13 @@ def moe_layout(cfg) -> ModelLayout:
         last=("norm", "output"), head="output",
         tied=(("tok_embeddings", "output"),) if cfg.tie_embeddings else (),
         experts=tuple(f"layers.{i}.moe.experts" for i in range(cfg.n_layers) if is_moe_block(cfg, i)),
-        dims=moe_dims(cfg))
+        tp_sharded=MOE_TP_SHARDED, dims=moe_dims(cfg))
+
+
+# Modules whose weight the built-in TP plan (npudist.models.tp_plan.build_moe_tp_plan) splits over tp: the
+# Llama ones (the dense blocks' feed-forward included) and the MoE blocks' shared expert. The router gate and
+# the routed experts are replicated over tp.
+MOE_TP_SHARDED = BUILTIN_TP_SHARDED + ("layers.*.moe.shared_expert.w[123]",)
 
 
 def moe_dims(cfg):
@@ -110,8 +116,16 @@ def check_moe(cfg, parallel) -> list[str]:
     if cfg.aux_loss_coef < 0:
         errors.append(f"model.aux_loss_coef: must be >= 0, got {cfg.aux_loss_coef}")
     if tp > 1:
-        errors.append("parallel.tp_degree: the moe model has no tensor-parallel plan yet (its experts are split "
-                      "by parallel.ep_degree); set tp_degree: 1")
+        hidden = cfg.moe_hidden_dim * cfg.n_shared_experts
+        if hidden % tp:
+            errors.append(f"model.moe_hidden_dim: the shared expert's width {hidden} (moe_hidden_dim x "
+                          f"n_shared_experts) is not divisible by parallel.tp_degree={tp}")
+        if not parallel.tp.sequence_parallel:
+            errors.append("parallel.tp.sequence_parallel: the moe model under tensor parallelism routes each tp "
+                          "rank's sequence shard; set it to true")
+        if parallel.tp.plan is not None:
+            errors.append("parallel.tp.plan: the moe model runs only its built-in TP plan (its MoE layers route "
+                          "sequence shards, which plan patterns cannot express); remove parallel.tp.plan")
     return errors
 
 
@@ -120,8 +134,13 @@ def _build(cfg):
     return build_moe(cfg)
 
 
+def _tp_plan(model, layout, tp_cfg):
+    from .tp_plan import build_moe_tp_plan
+    return build_moe_tp_plan(model, tp_cfg.sequence_parallel, tp_cfg.loss_parallel)
+
+
 MOE_SPEC = ModelSpec(
-    name="moe", build=_build, layout=moe_layout, check=check_moe,
+    name="moe", build=_build, layout=moe_layout, check=check_moe, tp_plan=_tp_plan,
     fsdp_units=("layers.*",), supports_pipeline=False, supports_context_parallel=True,
     experts=lambda cfg: cfg.n_experts, config_cls=MoEConfig,
     description="built-in mixture-of-experts decoder (DeepSeek-V3 / Qwen3-MoE style), npudist.models.moe")

@@ -95,6 +95,10 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
     if spec.experts is not None:
         n_exp = spec.experts(m)
         lines.append(f"experts   {n_exp} routed per MoE layer; {n_exp // degrees.ep} per rank (ep={degrees.ep})")
+        if degrees.tp > 1 and m.name == "moe":   # npudist.models.tp_plan.build_moe_tp_plan
+            lines.append(f"          tp groups {_groups(degrees, 'tp')}: each tp rank routes its "
+                         f"{d.seq_len // degrees.tp} of {d.seq_len} tokens per sequence; router gate and experts "
+                         "replicated over tp (gradients summed), shared expert split column/row-wise")
     if degrees.pp > 1:
         stages = par.pp.num_stages(degrees.pp)
         mb = par.pp.resolved_microbatches(degrees.pp)
@@ -118,6 +122,34 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
                                                  + (f", every {ac.every_n_layers} layers)"
                                                     if ac.selective_policy == "layer" else ")")
                                                  if ac.mode == "selective" else ""))
+    lines.extend(_swap_lines(plan, degrees))
+    return lines
+
+
+def _swap_lines(plan: Plan, degrees: ParallelDegrees) -> list[str]:
+    """The swap settings with the device memory they save on the busiest rank, and the levers not used yet."""
+    from npudist.swap.levers import memory_levers
+    from npudist.swap.select import resolve_swap_blocks
+    swap = plan.memory.swap
+    estimates = estimate_all(plan, degrees)
+    busiest = max(estimates, key=lambda e: e.device_bytes)
+    lines = []
+    if swap.activations.blocks or swap.optimizer_state:
+        plain = dataclasses.replace(plan, memory=type(plan.memory)())
+        before = estimate_rank(plain, degrees, busiest.rank).device_bytes
+        what = []
+        if swap.activations.blocks:
+            chosen = sorted(resolve_swap_blocks(swap.activations.blocks, model_layout(plan.model).blocks)[0])
+            what.append(f"activations of blocks {_span(chosen)} ({format_bytes(busiest.swapped_activation_bytes)} "
+                        "on host at the peak)")
+        if swap.optimizer_state:
+            what.append(f"optimizer state between steps ({format_bytes(busiest.optim_bytes)})")
+        lines.append(f"swap      {'; '.join(what)}; rank {busiest.rank}: {format_bytes(before)} -> "
+                     f"{format_bytes(busiest.device_bytes)} of device memory")
+    levers = memory_levers(plan, degrees, busiest.rank)
+    if levers:
+        lines.append(f"levers    device memory each would save on rank {busiest.rank} (docs/memory.md): "
+                     + "; ".join(f"{lv.name} ({lv.setting}) {format_bytes(lv.saved)}" for lv in levers))
     return lines
 
 

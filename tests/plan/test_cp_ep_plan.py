@@ -125,3 +125,26 @@ def test_check_report_and_memory_estimate():
     cp1 = estimate({"dp_shard_degree": 1}, 1)
     cp2 = estimate({"cp_degree": 2, "cp": {"method": "ulysses"}, "dp_shard_degree": 1}, 2)
     assert cp2.activation_bytes < 0.6 * cp1.activation_bytes   # each rank holds half of every sequence
+
+
+def test_moe_under_tp_needs_sequence_parallel_and_its_own_plan():
+    base = {"model": {**MOE, "moe_hidden_dim": 15}, "data": {"seq_len": 32}}
+    errs = errors_of({**base, "parallel": {"tp_degree": 2, "ep_degree": 2, "tp": {"plan": {"output": "colwise"}}}},
+                     world_size=4)
+    assert len(errs) == 3, errs
+    assert errs[0].startswith("model.moe_hidden_dim: the shared expert's width 15")
+    assert errs[1].startswith("parallel.tp.sequence_parallel: the moe model under tensor parallelism routes")
+    assert errs[2].startswith("parallel.tp.plan: the moe model runs only its built-in TP plan")
+
+
+def test_check_report_shows_the_moe_tp_groups():
+    _, _, text = check_plan({"model": MOE, "data": {"seq_len": 32},
+                             "parallel": {"tp_degree": 2, "ep_degree": 2, "tp": {"sequence_parallel": True}}},
+                            world_size=4)
+    assert "mesh      dp_shard=2 x tp=2 (ep=2 within dp_shard x cp)" in text
+    assert "  tp            groups [0,1] [2,3]" in text
+    assert "  ep            groups [0,2] [1,3]   (borrowed from dp_shard x cp)" in text
+    assert ("          tp groups [0,1] [2,3]: each tp rank routes its 16 of 32 tokens per sequence; router gate "
+            "and experts replicated over tp (gradients summed)") in text
+    layout = model_layout(load_plan({"model": MOE}, world_size=1).model)
+    assert "layers.*.moe.shared_expert.w[123]" in layout.tp_sharded

@@ -73,6 +73,23 @@ def reference_run(plan: Plan) -> dict:
 
 def parallel_worker(rank: int, world: int, plan: Plan, out_path: str) -> None:
     import torch.distributed as dist
+
+    device = plan.training.device
+    if device == "npu":
+        import npudist
+        npudist.register()   # a no-op after `import torch` autoloaded it; needed with autoload off
+        torch.npu.set_device(rank)
+    dist.init_process_group(plan.training.resolved_backend, rank=rank, world_size=world)
+    try:
+        train_and_save(plan, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def train_and_save(plan: Plan, out_file: str) -> None:
+    """Train ``plan`` through npudist.parallelize + train_step in the initialized process group; save the
+    losses, gradient norms and whole final parameters to ``out_file``."""
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     from npudist.mesh import build_mesh, dim_rank, dim_size
@@ -80,37 +97,36 @@ def parallel_worker(rank: int, world: int, plan: Plan, out_path: str) -> None:
     from npudist.train.step import train_step
 
     device = plan.training.device
-    backend = plan.training.resolved_backend
-    if device == "npu":
-        import npudist
-        npudist.register()   # a no-op after `import torch` autoloaded it; needed with autoload off
-        torch.npu.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    try:
-        plan = copy.deepcopy(plan)
-        mesh = build_mesh(plan.parallel, device_type=device)
-        torch.manual_seed(plan.training.seed)
-        pm = parallelize(build_model(plan.model), plan, mesh)
-        opt = build_optimizer(list(pm.named_parameters()), plan.optimizer)
-        sched = build_lr_scheduler(opt, plan.schedule, plan.training.steps)
-        dp, dp_rank = dim_size(mesh, "dp"), dim_rank(mesh, "dp")
-        ds = TextDataset(plan.data.path, plan.data.seq_len, plan.data.micro_batch_size, dp_rank=dp_rank,
-                         dp_degree=dp, seed=plan.data.seed)
-        accum = plan.data.grad_accum_steps(dp)
-        losses, norms = [], []
-        for _ in range(plan.training.steps):
-            batches = [ds.next_batch() for _ in range(accum)]
-            loss, norm = train_step(pm, opt, sched, batches, plan.training.max_grad_norm)
-            losses.append(loss)
-            norms.append(norm)
-        params = {}
-        for name, p in pm.named_parameters():
-            full = p.full_tensor() if isinstance(p, DTensor) else p
-            params[name] = full.detach().cpu().clone()
-        for owner, user in model_layout(plan.model).tied:   # named_parameters lists a tied weight once
-            if f"{owner}.weight" in params:
-                params[f"{user}.weight"] = params[f"{owner}.weight"]
-        torch.save({"losses": losses, "norms": norms, "params": params}, f"{out_path}.{rank}")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    plan = copy.deepcopy(plan)
+    mesh = build_mesh(plan.parallel, device_type=device)
+    torch.manual_seed(plan.training.seed)
+    pm = parallelize(build_model(plan.model), plan, mesh)
+    opt = build_optimizer(list(pm.named_parameters()), plan.optimizer)
+    sched = build_lr_scheduler(opt, plan.schedule, plan.training.steps)
+    dp, dp_rank = dim_size(mesh, "dp"), dim_rank(mesh, "dp")
+    ds = TextDataset(plan.data.path, plan.data.seq_len, plan.data.micro_batch_size, dp_rank=dp_rank,
+                     dp_degree=dp, seed=plan.data.seed)
+    accum = plan.data.grad_accum_steps(dp)
+    losses, norms = [], []
+    for _ in range(plan.training.steps):
+        batches = [ds.next_batch() for _ in range(accum)]
+        loss, norm = train_step(pm, opt, sched, batches, plan.training.max_grad_norm)
+        losses.append(loss)
+        norms.append(norm)
+    params = {}
+    for name, p in pm.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        params[name] = full.detach().cpu().clone()
+    for owner, user in model_layout(plan.model).tied:   # named_parameters lists a tied weight once
+        if f"{owner}.weight" in params:
+            params[f"{user}.weight"] = params[f"{owner}.weight"]
+    torch.save({"losses": losses, "norms": norms, "params": params}, out_file)
+    dist.barrier()
+
+
+def plan_yaml(plan: Plan) -> str:
+    """``plan`` as the YAML text of a plan file (every field spelled out)."""
+    import dataclasses
+
+    import yaml
+    return yaml.safe_dump(dataclasses.asdict(plan), sort_keys=False)

@@ -8,12 +8,14 @@ norm must also be right; gradient accumulation (2 micro-steps) runs in every lay
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from _train_parity import make_plan, parallel_worker, reference_run
-from _train_spawn import run_ranks
+from _train_parity import make_plan, parallel_worker, plan_yaml, reference_run
+from _train_spawn import free_port, run_ranks
 from npudist.data import default_corpus_path
 
 DEVICE = os.environ.get("NPUDIST_TEST_DEVICE", "npu")   # npu -> hccl; cpu -> gloo
@@ -54,6 +56,13 @@ LAYOUTS = {
 }
 MAX_RANKS = int(os.environ.get("NPUDIST_TEST_MAX_RANKS", "4"))
 
+# Launched as a plan file through npurun (one process per rank, torchrun's rendezvous), not spawned.
+NPURUN_LAYOUTS = {
+    # The moe model under TP (sequence parallel): attention and shared expert split over tp, every tp rank
+    # routing its own sequence shard to experts split over ep (borrowed from dp_shard, tp separate).
+    "ep2_tp2": (4, dict(dp_shard=2, tp=2, ep=2, sequence_parallel=True, model=MOE)),
+}
+
 _REFS: dict = {}
 
 
@@ -69,13 +78,34 @@ def test_parity(layout, corpus, tmp_path):
     if world > MAX_RANKS:
         pytest.skip(f"{world} ranks > NPUDIST_TEST_MAX_RANKS={MAX_RANKS} (set it to {world} to run this layout)")
     plan = make_plan(corpus, DEVICE, **kw)
+    out = str(tmp_path / "result")
+    run_ranks(parallel_worker, world, (plan, out), str(tmp_path), timeout=170)
+    check_parity(plan, corpus, kw, [torch.load(f"{out}.{r}") for r in range(world)])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", list(NPURUN_LAYOUTS))
+def test_parity_under_npurun(layout, corpus, tmp_path):
+    world, kw = NPURUN_LAYOUTS[layout]
+    if world > MAX_RANKS:
+        pytest.skip(f"{world} ranks > NPUDIST_TEST_MAX_RANKS={MAX_RANKS} (set it to {world} to run this layout)")
+    plan = make_plan(corpus, DEVICE, **kw)
+    plan_file, out = tmp_path / "plan.yaml", str(tmp_path / "result")
+    plan_file.write_text(plan_yaml(plan))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_npurun_parity.py")
+    res = subprocess.run([sys.executable, "-m", "npudist.launch", "--nproc", str(world), "--device", DEVICE,
+                          "--master-port", str(free_port()), script, str(plan_file), out],
+                         capture_output=True, text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    check_parity(plan, corpus, kw, [torch.load(f"{out}.{r}") for r in range(world)])
+
+
+def check_parity(plan, corpus, kw, results) -> None:
+    """Every rank's losses, gradient norms and final parameters against the single-device run."""
     key = (kw.get("tied", False), repr(kw.get("model")))
     if key not in _REFS:
         _REFS[key] = reference_run(make_plan(corpus, "cpu", tied=key[0], model=kw.get("model")))
     ref = _REFS[key]
-    out = str(tmp_path / "result")
-    run_ranks(parallel_worker, world, (plan, out), str(tmp_path), timeout=170)
-    results = [torch.load(f"{out}.{r}") for r in range(world)]
     assert ref["norms"][0] > plan.training.max_grad_norm, "clipping must be active for the test to mean much"
     seen = set()
     for r, res in enumerate(results):
