@@ -3,7 +3,8 @@
 1. Pipeline split (``npudist.pp``) into this rank's stage modules;
 2. in each stage: tensor parallelism (``npudist.tp``), then context parallelism (``npudist.cp``: sequence
    shards, attention across the cp ranks) and expert parallelism (``npudist.ep``: experts split over the ep
-   ranks, left out of FSDP), then activation checkpointing, then graph mode per block
+   ranks, left out of FSDP), then activation checkpointing and activation swap (``npudist.swap``: hooks on
+   the blocks the plan's ``memory.swap`` names), then graph mode per block
    (``npudist.compile.apply``, when the plan's ``compile`` section enables it), then FSDP per block and
    the stage root (``npudist.fsdp``, over dp_shard x cp).
 
@@ -33,6 +34,8 @@ from npudist.loss import cross_entropy_loss, loss_context
 from npudist.mesh import get_cp_mesh, get_dp_mesh, get_ep_mesh, get_fsdp_mesh, get_pp_mesh, get_submesh, get_tp_mesh
 from npudist.models import get_model_spec, model_layout
 from npudist.pp import build_pipeline
+from npudist.swap.activations import apply_activation_swap
+from npudist.swap.select import resolve_swap_blocks
 from npudist.tp import apply_tp
 
 
@@ -52,6 +55,7 @@ class ParallelModel:
     expert_params: list = field(default_factory=list)   # experts split over ep (outside FSDP)
     edp_mesh: DeviceMesh | None = None                  # ranks holding the same experts
     sequence: SequenceSharder | None = None             # this rank's share of each sequence under cp
+    activation_swaps: list = field(default_factory=list)  # npudist.swap.ActivationSwap per part that swaps
 
     def shard_batch(self, inputs: torch.Tensor, labels: torch.Tensor):
         """This rank's part of a micro-batch: the whole batch, or its sequence shard under context parallel."""
@@ -153,6 +157,8 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
     compiled: list[str] = []   # filled by parallelize_part, in stage order
     experts: list[nn.Parameter] = []
     sharder = SequenceSharder(cp_mesh, par.cp.load_balance) if cp_mesh is not None else None
+    swap_blocks, _ = resolve_swap_blocks(plan.memory.swap.activations.blocks, list(layout.blocks))
+    swaps: list = []
 
     def parallelize_part(part: nn.Module) -> nn.Module:
         if tp_mesh is not None:
@@ -160,8 +166,12 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
         if cp_mesh is not None:
             apply_cp(part, cp_mesh, par.cp, sharder)
         if ep_mesh is not None:
-            experts.extend(apply_ep(part, ep_mesh))
+            experts.extend((spec.expert_parallel or apply_ep)(part, ep_mesh))
         apply_activation_checkpointing(part, par.activation_checkpoint, list(layout.blocks))
+        if swap_blocks:
+            swap = apply_activation_swap(part, list(layout.blocks), swap_blocks)
+            if swap is not None:
+                swaps.append(swap)
         compiled.extend(apply_compile(part, plan.compile, list(layout.blocks)))
         if dp_mesh is not None:
             # Under PP each stage runs several micro-batch forwards per step: keep weights gathered.
@@ -171,7 +181,7 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
 
     loss_tag = ["loss"] if loss_fn is not base_loss else []
     extra = dict(expert_params=experts, edp_mesh=get_submesh(mesh, "edp") if ep_mesh is not None else None,
-                 sequence=sharder)
+                 sequence=sharder, activation_swaps=swaps)
     if pp_mesh is None:
         parts = [parallelize_part(model)]
         return ParallelModel(parts=parts, device=device, mesh=mesh, loss_fn=loss_fn, loss_parallel=loss_par,

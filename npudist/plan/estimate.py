@@ -40,11 +40,18 @@ class RankEstimate:
     activation_bytes: int
     offloaded: bool = False    # params/grads/optimizer state live in host memory (fsdp.cpu_offload)
     notes: list[str] = field(default_factory=list)
+    swapped_activation_bytes: int = 0   # activations on the host at the peak (memory.swap.activations)
+    optim_swapped: bool = False         # optimizer state on the host outside the step (memory.swap)
 
     @property
     def device_bytes(self) -> int:
-        state = 0 if self.offloaded else self.param_bytes + self.grad_bytes + self.optim_bytes
-        return state + self.gather_bytes + self.activation_bytes
+        if self.offloaded:
+            return self.gather_bytes + self.activation_bytes
+        if self.optim_swapped:
+            # forward/backward peak without the state, or the step's with it (activations freed by then)
+            return self.param_bytes + self.grad_bytes + max(self.gather_bytes + self.activation_bytes,
+                                                            self.optim_bytes)
+        return self.param_bytes + self.grad_bytes + self.optim_bytes + self.gather_bytes + self.activation_bytes
 
 
 def _numel(shape) -> int:
@@ -112,7 +119,8 @@ def _in_flight(plan: Plan, pp_rank: int, n_local: int) -> int:
 
 
 def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ranges, first: bool, head: bool,
-                 tokens: int, act_bytes: int) -> int:
+                 tokens: int, act_bytes: int, swapped: frozenset = frozenset()) -> tuple[int, int]:
+    """(activation bytes on the device at the peak, swapped activation bytes on the host then)."""
     par = plan.parallel
     per_layer, per_ckpt_layer = _block_activation(plan, dims, degrees.tp)
     ac = par.activation_checkpoint
@@ -126,6 +134,11 @@ def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ran
         block = layers_per_stage * per_ckpt_layer
     else:
         block = layers_per_stage * per_layer
+    # Swapped blocks (never checkpointed ones) leave the device; backward holds the block it runs and the
+    # one prefetched behind it (npudist.swap.activations).
+    n_swapped = max(sum(1 for i in ranges[s] if i in swapped) for s in stages)
+    block -= n_swapped * per_layer
+    fetched = min(n_swapped, 2) * per_layer * tokens * act_bytes
     extra = (dims.dim / sp if first else 0)
     logits = 0
     if head:
@@ -133,14 +146,20 @@ def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ran
         logits = 3 * vocab * tokens * 4      # fp32 log-softmax output + its gradient + the logits' gradient
     flight = _in_flight(plan, coords["pp"], len(stages))
     recompute = per_layer * tokens * act_bytes if ac.mode == "full" else 0   # one block rebuilt in backward
-    activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute)
+    activations = int(flight * (block + extra) * tokens * act_bytes + logits + recompute + fetched)
+    on_host = int(flight * n_swapped * per_layer * tokens * act_bytes)
     if degrees.cp > 1 and par.cp.method == "ring":
         # ring attention keeps the all-gathered keys and values (whole sequence, repeated to n_heads) of
         # every block for backward, and one query-chunk x key-chunk score block per cp rank's chunk
         gathered = 2 * dims.q_width * tokens * degrees.cp
         activations += int(flight * layers_per_stage * gathered * act_bytes)
 
-    return activations
+    return activations, on_host
+
+
+def _swapped_blocks(plan: Plan, layout) -> frozenset:
+    from npudist.swap.select import resolve_swap_blocks
+    return frozenset(resolve_swap_blocks(plan.memory.swap.activations.blocks, list(layout.blocks))[0])
 
 
 def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstimate:
@@ -201,9 +220,10 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
     dims = layout.dims
     if dims is None:
         notes.append("activations not estimated: the model's layout gives no transformer widths")
-        activations = 0
+        activations = on_host = 0
     else:
-        activations = _activations(plan, degrees, dims, coords, stages, ranges, first, head, tokens, act_bytes)
+        activations, on_host = _activations(plan, degrees, dims, coords, stages, ranges, first, head, tokens,
+                                            act_bytes, _swapped_blocks(plan, layout))
     if par.fsdp.cpu_offload and shard > 1:
         notes.append("fsdp.cpu_offload: parameters, gradients and optimizer state in host memory")
     return RankEstimate(
@@ -211,7 +231,8 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
         holds_head=head and layout.head is not None,
         params=held, param_bytes=param_b, grad_bytes=param_b, optim_bytes=ADAMW_STATES * param_b,
         gather_bytes=gather, activation_bytes=activations, offloaded=par.fsdp.cpu_offload and shard > 1,
-        notes=notes)
+        notes=notes, swapped_activation_bytes=on_host,
+        optim_swapped=plan.memory.swap.optimizer_state and not (par.fsdp.cpu_offload and shard > 1))
 
 
 def estimate_all(plan: Plan, degrees: ParallelDegrees) -> list[RankEstimate]:

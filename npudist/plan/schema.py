@@ -153,6 +153,28 @@ class CPConfig:
     load_balance: bool = True
 
 
+@dataclass
+class ActivationSwapConfig:
+    """Activation swap: the tensors the chosen blocks save for backward go to pinned host memory on a side
+    stream during forward and are prefetched back, one block ahead, during backward (``npudist.swap``)."""
+    # Blocks of the model spec, as indices (0 = first), block names ("layers.3") or module-name patterns
+    # ("layers.*" = every block). Empty = no activation swap. A block cannot also be checkpointed.
+    blocks: list[Union[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class SwapConfig:
+    activations: ActivationSwapConfig = field(default_factory=ActivationSwapConfig)
+    # AdamW state in pinned host memory between steps, brought to the device for the step.
+    optimizer_state: bool = False
+
+
+@dataclass
+class MemoryConfig:
+    """Training past device memory: what is moved to host memory (see docs/memory.md)."""
+    swap: SwapConfig = field(default_factory=SwapConfig)
+
+
 @dataclass(frozen=True)
 class ParallelDegrees:
     """Concrete degrees (no -1). Mesh dims in mesh order (pp, dp_replicate, dp_shard, cp, tp); ``ep`` is no
@@ -269,14 +291,15 @@ class Plan:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
     SECTIONS = ("model", "data", "optimizer", "schedule", "training", "logging", "parallel", "checkpoint",
-                "compile")
+                "compile", "memory")
 
 
 __all__ = [
     "Plan", "ModelConfig", "DataConfig", "OptimizerConfig", "ScheduleConfig", "TrainingConfig",
     "LoggingConfig", "CheckpointConfig", "CompileConfig", "ParallelConfig", "FSDPConfig", "TPConfig", "PPConfig",
-    "ACConfig", "CPConfig", "ParallelDegrees",
+    "ACConfig", "CPConfig", "ParallelDegrees", "MemoryConfig", "SwapConfig", "ActivationSwapConfig",
     "MULTI_STAGE_SCHEDULES", "V_SHAPED_SCHEDULES",
 ]

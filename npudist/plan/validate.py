@@ -357,6 +357,12 @@ def _check_compile(c: _Checks, p: Plan, layout) -> None:
                "parallel.activation_checkpoint.mode")
 
 
+def _check_swap(c: _Checks, p: Plan, layout) -> None:
+    from npudist.swap.select import swap_plan_problems
+    for key, message, reads in swap_plan_problems(p, layout):
+        c.fail(key, message, *reads)
+
+
 def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | None = None) -> list[str]:
     """All rule violations as ``"key.path: problem"`` lines (the plan is not changed)."""
     c = _Checks(set(skip or ()))
@@ -371,6 +377,7 @@ def validate_plan(plan: Plan, world_size: int | None = None, skip: set[str] | No
     _check_ep(c, plan, layout, par.ep_degree)
     _check_data(c, plan, degrees.dp if degrees else None)
     _check_compile(c, plan, layout)
+    _check_swap(c, plan, layout)
     return c.errors
 
 

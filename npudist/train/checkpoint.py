@@ -148,9 +148,14 @@ class Checkpointer:
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         return int(head["train_state"]["step"])
 
+    def due(self, step: int) -> bool:
+        """True if ``maybe_save(step)`` will save."""
+        cfg = self.cfg
+        return cfg.enable_checkpoint and not (step % cfg.interval and step != self.total_steps)
+
     def maybe_save(self, step: int) -> bool:
         cfg = self.cfg
-        if not cfg.enable_checkpoint or (step % cfg.interval and step != self.total_steps):
+        if not self.due(step):
             return False
         final = step_dir(cfg.folder, step)
         tmp = os.path.join(cfg.folder, f"{_TMP_PREFIX}{step}")

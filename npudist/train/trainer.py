@@ -5,6 +5,7 @@ environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); without it, it run
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -25,6 +26,8 @@ from npudist.train.metrics import MetricsLogger, reset_peak_memory
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 from npudist.train.seed import set_seed
 from npudist.train.step import NonFiniteLossError, train_step
+from npudist.swap.oom import oom_note
+from npudist.swap.optimizer_state import OptimizerStateSwap
 
 
 @dataclass
@@ -49,6 +52,13 @@ def _init_distributed(plan) -> None:
         torch.npu.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(plan.training.resolved_backend)
+
+
+def _capacity(device: torch.device) -> int | None:
+    """The device's memory capacity in bytes (None on cpu)."""
+    if device.type == "cpu":
+        return None
+    return getattr(torch, device.type).get_device_properties(device).total_memory
 
 
 def _quiet_known_warnings() -> None:
@@ -123,6 +133,8 @@ def train(plan, log_stream=None) -> RunResult:
     start = ckpt.load()
     if start:
         logger.message(f"resumed from {plan.checkpoint.folder}/step-{start}")
+    # After loading: DCP may step the optimizer once to create its state, which must stay on the device.
+    state_swap = OptimizerStateSwap(optimizer, pm.device) if plan.memory.swap.optimizer_state else None
     losses, rates = [], []
     try:
         for step in range(start + 1, steps + 1):
@@ -132,6 +144,9 @@ def train(plan, log_stream=None) -> RunResult:
             lr = scheduler.get_last_lr()[0]
             try:
                 loss, grad_norm = train_step(pm, optimizer, scheduler, batches, plan.training.max_grad_norm)
+            except torch.OutOfMemoryError as e:
+                e.add_note(oom_note(plan, rank, _capacity(pm.device)))
+                raise
             except NonFiniteLossError as e:
                 raise NonFiniteLossError(
                     f"step {step}: {e} (last finite loss {losses[-1] if losses else 'none'}); stopping. Lower "
@@ -142,7 +157,8 @@ def train(plan, log_stream=None) -> RunResult:
             logger.log(step, loss, lr, grad_norm, dt, expert_load=expert_load(pm))
             if step == start + 1 and pm.compiled:
                 logger.message(describe_compiled(pm.compiled, plan.compile))
-            ckpt.maybe_save(step)
+            with state_swap.resident() if state_swap is not None and ckpt.due(step) else contextlib.nullcontext():
+                ckpt.maybe_save(step)
     finally:
         logger.close()
     steady = sorted(rates[1:] or rates)
