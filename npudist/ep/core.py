@@ -58,7 +58,9 @@ class AllToAllDispatch:
         return funcol.all_to_all_single_autograd(received, send_splits, recv_splits, self.group)
 
 
-def _shard_experts(experts: nn.Module, ep_mesh: DeviceMesh) -> None:
+def shard_expert_weights(experts: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Replace every grouped weight ``[n_experts, ...]`` of ``experts`` by a DTensor ``Shard(0)`` over the ep
+    mesh holding this rank's consecutive experts."""
     rank, size = ep_mesh.get_local_rank(), ep_mesh.size()
     for name, param in list(experts.named_parameters(recurse=False)):
         per = param.shape[0] // size
@@ -76,7 +78,7 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> list[nn.Parameter]:
     for _, moe in moe_layers(model):
         if moe.n_experts % size:
             raise ValueError(f"parallel.ep_degree: {moe.n_experts} experts cannot be split over {size} ep ranks")
-        _shard_experts(moe.experts, ep_mesh)
+        shard_expert_weights(moe.experts, ep_mesh)
         moe.experts.grad_scale = 1.0 / size
         moe.dispatcher = AllToAllDispatch(group, moe.n_experts)
         params.extend(moe.experts.parameters())

@@ -1,6 +1,7 @@
 """Spec ``hf_causal_lm``: a HuggingFace transformers decoder (``model.hf_model_type``: llama, qwen2,
-mistral, ...) with random init from the plan's model fields plus ``model.hf_config``. transformers is an
-optional dependency: it is imported only when such a model is built or checked."""
+mistral, ... and the MoE decoders qwen2_moe, mixtral, qwen3_moe) with random init from the plan's model fields
+plus ``model.hf_config``. transformers is an optional dependency: it is imported only when such a model is
+built or checked. MoE decoders run under expert parallelism through ``npudist.models.hf_moe``."""
 from __future__ import annotations
 
 from .rules import check_transformer
@@ -21,6 +22,10 @@ TP_PLAN = {
 
 def check_hf(cfg, parallel) -> list[str]:
     errors = check_transformer(cfg, parallel.tp_degree if parallel.tp_degree >= 1 else 1)
+    if parallel.ep_degree > 1 and parallel.tp_degree > 1:
+        errors.append("parallel.ep_degree: expert parallel of an hf_causal_lm MoE model together with tensor "
+                      "parallelism is not supported; set one of ep_degree, tp_degree to 1 (the built-in moe "
+                      "model runs both)")
     if parallel.tp_degree > 1 and parallel.tp.sequence_parallel and parallel.tp.plan is None:
         errors.append("parallel.tp.sequence_parallel: not supported for hf_causal_lm (the HF decoder computes "
                       "rotary positions from the sequence length it sees); set it to false")
@@ -28,16 +33,32 @@ def check_hf(cfg, parallel) -> list[str]:
 
 
 def hf_layout(cfg):
+    import dataclasses
+
     import torch
 
     from .hf import build_hf_causal_lm
+    from .hf_moe import hf_expert_modules
     from .llama_spec import transformer_dims
     with torch.device("meta"):
         model = build_hf_causal_lm(cfg)
-    return layout_from_module(
+    layout = layout_from_module(
         model, blocks=tuple(f"model.layers.{i}" for i in range(cfg.n_layers)), first=("model.embed_tokens",),
         last=("model.norm", "lm_head"), head="lm_head",
         tp_sharded=tuple(p for p, s in TP_PLAN.items() if s in ("colwise", "rowwise")), dims=transformer_dims(cfg))
+    return dataclasses.replace(layout, experts=tuple(name for name, _ in hf_expert_modules(model)))
+
+
+def hf_experts(cfg) -> int:
+    """Routed experts per sparse block of the configured decoder (0: dense)."""
+    from .hf import hf_config
+    from .hf_moe import hf_expert_count
+    return hf_expert_count(hf_config(cfg))
+
+
+def _expert_parallel(model, ep_mesh):
+    from .hf_moe import apply_hf_ep
+    return apply_hf_ep(model, ep_mesh)
 
 
 def _build(cfg):
@@ -47,5 +68,5 @@ def _build(cfg):
 
 HF_SPEC = ModelSpec(
     name="hf_causal_lm", build=_build, layout=hf_layout, check=check_hf, tp_plan=TP_PLAN,
-    fsdp_units=(BLOCK,), supports_pipeline=True,
+    fsdp_units=(BLOCK,), supports_pipeline=True, experts=hf_experts, expert_parallel=_expert_parallel,
     description="HuggingFace transformers causal LM (random init), npudist.models.hf")

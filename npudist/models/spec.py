@@ -13,8 +13,10 @@ A ``ModelSpec`` (torchtitan's TrainSpec is the model) bundles
 * ``fsdp_units``: the default ``parallel.fsdp.wrap`` patterns;
 * ``supports_pipeline``: whether ``forward`` runs with the first/last-stage modules set to None;
 * ``supports_context_parallel``: whether the model runs on a sequence shard (``npudist.cp``);
-* ``experts(model_cfg) -> int``: the number of routed experts per MoE layer (None: a dense model), which
+* ``experts(model_cfg) -> int``: the number of routed experts per MoE layer (None or 0: a dense model), which
   ``parallel.ep_degree`` splits (``npudist.ep``);
+* ``expert_parallel(model, ep_mesh) -> [expert params]``: splits the model's experts over the ep mesh and
+  routes tokens to them (None: ``npudist.ep.apply_ep``, for ``npudist.models.moe`` layers);
 * ``config_cls``: the dataclass of the plan's ``model`` section for this spec (None: ``ModelConfig``); a
   spec with fields of its own (``moe``: n_experts, top_k, ...) subclasses ``ModelConfig``.
 
@@ -90,6 +92,7 @@ class ModelSpec:
     supports_pipeline: bool = False
     supports_context_parallel: bool = False
     experts: Callable | None = None
+    expert_parallel: Callable | None = None
     config_cls: type | None = None
     description: str = ""
 

@@ -92,8 +92,8 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
         alone = estimate_rank(plan, dataclasses.replace(degrees, cp=1, ep=1), 0).activation_bytes
         lines.append(f"          activations of rank 0: {format_bytes(act)} (without cp: {format_bytes(alone)})")
     spec = get_model_spec(m.name)
-    if spec.experts is not None:
-        n_exp = spec.experts(m)
+    n_exp = spec.experts(m) if spec.experts is not None else 0
+    if n_exp:
         lines.append(f"experts   {n_exp} routed per MoE layer; {n_exp // degrees.ep} per rank (ep={degrees.ep})")
         if degrees.tp > 1 and m.name == "moe":   # npudist.models.tp_plan.build_moe_tp_plan
             lines.append(f"          tp groups {_groups(degrees, 'tp')}: each tp rank routes its "

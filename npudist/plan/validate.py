@@ -314,7 +314,8 @@ def _check_ep(c: _Checks, p: Plan, layout, ep: int) -> None:
     experts = spec.experts(p.model) if spec.experts is not None else 0
     if not experts:
         c.fail("parallel.ep_degree", f"the {p.model.name} model has no experts to split; set "
-               "parallel.ep_degree: 1 or use a mixture-of-experts model (model.name: moe)")
+               "parallel.ep_degree: 1 or use a mixture-of-experts model (model.name: moe, or hf_causal_lm with "
+               "an MoE hf_model_type such as qwen2_moe or mixtral)")
     elif experts % ep:
         c.fail("parallel.ep_degree", f"the model's {experts} experts cannot be split evenly over {ep} ep ranks; "
                f"use an ep_degree dividing {experts} or change model.n_experts", "model.n_experts")

@@ -148,3 +148,27 @@ def test_check_report_shows_the_moe_tp_groups():
             "and experts replicated over tp (gradients summed)") in text
     layout = model_layout(load_plan({"model": MOE}, world_size=1).model)
     assert "layers.*.moe.shared_expert.w[123]" in layout.tp_sharded
+
+
+HF_MOE = {"name": "hf_causal_lm", "hf_model_type": "qwen2_moe", "dim": 32, "n_layers": 2, "n_heads": 4,
+          "n_kv_heads": 2, "ffn_hidden_dim": 64, "max_seq_len": 64,
+          "hf_config": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                        "shared_expert_intermediate_size": 32}}
+
+
+def test_hf_moe_plans_split_experts_and_a_dense_hf_model_has_none():
+    _, _, text = check_plan({"model": HF_MOE, "data": {"seq_len": 32}, "parallel": {"ep_degree": 2}}, world_size=2)
+    assert "experts   4 routed per MoE layer; 2 per rank (ep=2)" in text
+    layout = model_layout(load_plan({"model": HF_MOE, "data": {"seq_len": 32}}, world_size=1).model)
+    assert layout.experts == ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")
+    dense = {**HF_MOE, "hf_model_type": "qwen2", "hf_config": None}
+    errs = errors_of({"model": dense, "data": {"seq_len": 32}, "parallel": {"ep_degree": 2}}, world_size=2)
+    assert errs == ["parallel.ep_degree: the hf_causal_lm model has no experts to split; set parallel.ep_degree: "
+                    "1 or use a mixture-of-experts model (model.name: moe, or hf_causal_lm with an MoE "
+                    "hf_model_type such as qwen2_moe or mixtral)"]
+    errs = errors_of({"model": HF_MOE, "data": {"seq_len": 32}, "parallel": {"ep_degree": 3}}, world_size=3)
+    assert errs[0].startswith("parallel.ep_degree: the model's 4 experts cannot be split evenly over 3 ep ranks")
+    errs = errors_of({"model": HF_MOE, "data": {"seq_len": 32},
+                      "parallel": {"ep_degree": 2, "tp_degree": 2}}, world_size=4)
+    assert any(e.startswith("parallel.ep_degree: expert parallel of an hf_causal_lm MoE model together with "
+                            "tensor parallelism is not supported") for e in errs), errs

@@ -56,11 +56,18 @@ LAYOUTS = {
 }
 MAX_RANKS = int(os.environ.get("NPUDIST_TEST_MAX_RANKS", "4"))
 
+# A HuggingFace transformers MoE decoder (Qwen2-MoE: grouped experts, top-2 softmax router, gated shared
+# expert), random init from a config dict.
+HF_MOE = dict(name="hf_causal_lm", hf_model_type="qwen2_moe", n_layers=2, hf_config=dict(
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32))
+
 # Launched as a plan file through npurun (one process per rank, torchrun's rendezvous), not spawned.
 NPURUN_LAYOUTS = {
     # The moe model under TP (sequence parallel): attention and shared expert split over tp, every tp rank
     # routing its own sequence shard to experts split over ep (borrowed from dp_shard, tp separate).
     "ep2_tp2": (4, dict(dp_shard=2, tp=2, ep=2, sequence_parallel=True, model=MOE)),
+    # Its experts split over ep and reached by npudist.ep's all-to-all through the model spec's hook.
+    "hf_moe_ep2": (2, dict(dp_shard=2, ep=2, model=HF_MOE)),
 }
 
 _REFS: dict = {}
