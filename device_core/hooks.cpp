@@ -13,10 +13,10 @@
 
 #include <array>
 #include <cstring>
-#include <map>
 #include <mutex>
 
 #include "allocator/npu_allocator.h"
+#include "host_allocator.h"
 #include "launch.h"
 #include "npu_tensor.h"
 
@@ -129,49 +129,7 @@ void end_random_op(c10::GeneratorImpl* gen, uint64_t numel) {
   g->offset_ += std::max<uint64_t>(4, (numel + 3) / 4 * 4);
 }
 
-// ------------------------------------------------------------------------------------------------
-// Pinned host memory: plain host memory whose ranges are remembered so is_pinned() can answer.
-// ------------------------------------------------------------------------------------------------
 namespace {
-
-std::mutex g_pinned_mu;
-std::map<uintptr_t, size_t> g_pinned;  // start -> size
-
-void free_pinned(void* p) {
-  {
-    std::lock_guard<std::mutex> lk(g_pinned_mu);
-    g_pinned.erase(reinterpret_cast<uintptr_t>(p));
-  }
-  std::free(p);
-}
-
-class PinnedAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t n) override {
-    void* p = nullptr;
-    if (posix_memalign(&p, 64, n ? n : 1) != 0) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "pinned host allocation of ", n, " bytes failed");
-    }
-    {
-      std::lock_guard<std::mutex> lk(g_pinned_mu);
-      g_pinned[reinterpret_cast<uintptr_t>(p)] = n ? n : 1;
-    }
-    return {p, p, &free_pinned, c10::Device(c10::kCPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
-  void copy_data(void* d, const void* s, size_t n) const override { std::memcpy(d, s, n); }
-};
-
-PinnedAllocator g_pinned_alloc;
-
-bool is_pinned_ptr(const void* ptr) {
-  auto p = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lk(g_pinned_mu);
-  auto it = g_pinned.upper_bound(p);
-  if (it == g_pinned.begin()) return false;
-  --it;
-  return p < it->first + it->second;
-}
 
 struct NpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
@@ -196,8 +154,9 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
                       "npu cannot infer the device of a raw pointer (all npu memory is host memory); "
                       "pass the device explicitly");
   }
-  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_alloc; }
+  // Pinned memory comes from the caching host allocator (host_allocator.cpp).
+  bool isPinnedPtr(const void* data) const override { return host_memory::is_pinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return host_memory::allocator(); }
 
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     resize_npu_storage(storage.unsafeGetStorageImpl(), newsize);

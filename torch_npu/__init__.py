@@ -18,6 +18,7 @@ from npudist import ops as _ops
 from npudist.ops import matmul as _matmul
 from npudist.ops import optim as _optim
 from npudist.ops import sharding as _sharding
+from npudist.device.swapped_memory import empty_with_swapped_memory  # noqa: F401 (torch_npu's API)
 
 npudist.register()  # the npu device, the hccl backend and the npu operators (also when autoload is off)
 npu = torch.npu

@@ -13,11 +13,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "caching_allocator.h"
+#include "host_allocator.h"
 #include "launch.h"
 #include "npu_runtime.h"
+#include "npu_tensor.h"
 #include "profiler.h"
 
 // From torch/csrc/profiler/python/combined_traceback.h (exported by libtorch_python), declared here
@@ -31,6 +34,7 @@ namespace npudist::memory {
 namespace {
 
 using alloc::CachingAllocator;
+constexpr size_t kSwappedHeader = 4096;
 
 // The core's device: the runtime's C table. Markers are runtime events owned by a shared_ptr.
 struct RuntimeHooks final : alloc::DeviceHooks {
@@ -256,6 +260,53 @@ class NpuAllocator final : public c10::DeviceAllocator {
 
 NpuAllocator g_allocator;
 
+// ---- swapped memory (torch_npu.empty_with_swapped_memory): npu tensors whose bytes are host memory outside
+// the device budget. A swapped storage is recognised by its deleter (free_swapped): the caching allocator
+// neither owns nor counts it, so memory_allocated and the capacity ignore it, and record_stream skips it.
+// HOST-MEMORY: on Ascend the bytes are host memory mapped into the device's address space; here every npu
+// byte is host memory, so kernels can touch them directly (only the op list is limited, in Python).
+std::atomic<int64_t> g_swapped_bytes{0};
+
+void free_swapped(void* ctx) {
+  auto* size = static_cast<size_t*>(ctx);
+  g_swapped_bytes.fetch_sub(static_cast<int64_t>(*size));
+  std::free(size);
+}
+
+class SwappedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    int dev = rt::current_device();
+    // One allocation holds the size (for the counter) in front of page-aligned data.
+    void* raw = nullptr;
+    TORCH_CHECK_WITH(OutOfMemoryError, posix_memalign(&raw, kSwappedHeader, kSwappedHeader + n) == 0 && raw,
+                     "empty_with_swapped_memory: host allocation of ", n, " bytes failed (out of host memory)");
+    *static_cast<size_t*>(raw) = n;
+    g_swapped_bytes.fetch_add(static_cast<int64_t>(n));
+    void* data = static_cast<char*>(raw) + kSwappedHeader;
+    return {data, raw, &free_swapped, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }  // data and context differ
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+
+SwappedAllocator g_swapped_allocator;
+
+at::Tensor empty_with_swapped_memory(const std::vector<int64_t>& sizes, c10::ScalarType dtype, int device) {
+  check_device(device);
+  for (int64_t s : sizes) TORCH_CHECK_VALUE(s >= 0, "empty_with_swapped_memory: negative dimension ", s, " in ", sizes);
+  DeviceScope scope(device);
+  at::Tensor t = at::detail::empty_generic(sizes, &g_swapped_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           dtype, std::nullopt);
+  // Its bytes must stay where they are: a resize would move them into the caching allocator.
+  t.storage().unsafeGetStorageImpl()->set_resizable(false);
+  return t;
+}
+
+bool is_swapped(const at::Tensor& t) {
+  return t.has_storage() && t.storage().data_ptr().get_deleter() == &free_swapped;
+}
+
 }  // namespace
 
 c10::Allocator* allocator() { return &g_allocator; }
@@ -327,7 +378,10 @@ py::dict memory_stats(int device) {
   r["active_bytes"] = stat_array_dict(s.active_bytes);
   r["inactive_split_bytes"] = stat_array_dict(s.inactive_split_bytes);
   r["requested_bytes"] = stat_array_dict(s.requested_bytes);
-  r["reserved_bytes_by_private_pools"] = py::dict();  // npu has no private pools (graphs/MemPool)
+  py::dict by_pool;
+  for (const auto& [id, st] : s.reserved_bytes_by_private_pools)
+    by_pool[py::make_tuple(id.first, id.second)] = stat_array_dict(st);
+  r["reserved_bytes_by_private_pools"] = by_pool;
   r["oversize_allocations"] = stat_dict(s.oversize_allocations);
   r["oversize_segments"] = stat_dict(s.oversize_segments);
   return r;
@@ -400,7 +454,7 @@ py::dict memory_snapshot() {
     sd["requested_size"] = s.requested_size;
     sd["stream"] = s.stream;
     sd["segment_type"] = s.is_large ? "large" : "small";
-    sd["segment_pool_id"] = py::make_tuple(0, 0);
+    sd["segment_pool_id"] = py::make_tuple(s.pool_id.first, s.pool_id.second);
     sd["is_expandable"] = s.is_expandable;
     sd["frames"] = py::list();
     py::list blocks;
@@ -473,6 +527,52 @@ void record_memory_history(const std::optional<std::string>& enabled, const std:
   core()->record_history(h, clear_history);
 }
 
+// ---- private pools (torch.npu.MemPool): thin wrappers over the core's, with its errors as ValueError.
+using PoolIdArg = std::pair<uint64_t, uint64_t>;
+std::atomic<uint64_t> g_next_user_pool{1};
+
+template <typename Fn>
+auto pool_call(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, what, ": ", e.what());
+  }
+}
+
+void check_pools_usable(const char* what) {
+  TORCH_CHECK(!g_plug_alloc.load(), what, " is not available while a pluggable allocator "
+              "(torch.npu.memory.change_current_allocator) serves every npu allocation: it has no pools. Give "
+              "the allocator to the pool instead: torch.npu.MemPool(allocator=...)");
+}
+
+void create_pool(int device, PoolIdArg id, uintptr_t alloc_fn, uintptr_t free_fn, bool use_on_oom, bool no_split) {
+  check_device(device);
+  check_pools_usable("torch.npu.MemPool");
+  alloc::PoolOptions opts;
+  opts.use_on_oom = use_on_oom;
+  opts.no_split = no_split;
+  if (alloc_fn) {
+    TORCH_CHECK_VALUE(free_fn, "MemPool: the allocator has no free function");
+    auto fa = reinterpret_cast<PlugAlloc>(alloc_fn);
+    auto ff = reinterpret_cast<PlugFree>(free_fn);
+    opts.source = std::make_shared<alloc::SegmentSource>();
+    opts.source->alloc = [fa](int d, size_t size, int64_t stream) { return fa(size, d, stream_handle(stream)); };
+    opts.source->free = [ff](void* p, size_t size, int d, int64_t stream) { ff(p, size, d, stream_handle(stream)); };
+  }
+  pool_call("MemPool", [&] { core()->create_pool(device, id, opts); });
+}
+
+void begin_allocate_current_thread_to_pool(int device, PoolIdArg id) {
+  check_device(device);
+  check_pools_usable("torch.npu.use_mem_pool");
+  g_used.store(true);  // an allocator swap after this would orphan the pool
+  std::thread::id me = std::this_thread::get_id();
+  pool_call("use_mem_pool", [&] {
+    core()->begin_allocate_to_pool(device, id, [me](int64_t) { return std::this_thread::get_id() == me; });
+  });
+}
+
 void attach_oom_observer(py::function fn) {
   auto holder = std::make_shared<py::function>(std::move(fn));
   core()->attach_oom_observer([holder](int device, size_t requested, size_t total, size_t free) {
@@ -490,6 +590,7 @@ void attach_oom_observer(py::function fn) {
 }  // namespace
 
 void init_bindings(pybind11::module_& m) {
+  host_memory::init_bindings(m);  // pinned host memory: the allocator of torch.npu's host_* functions
   auto nogil = py::call_guard<py::gil_scoped_release>();
   m.def("_npu_memoryStats", &memory_stats, py::arg("device"));
   m.def("_npu_resetAccumulatedMemoryStats", [](int d) { g_allocator.resetAccumulatedStats(d); });
@@ -541,6 +642,29 @@ void init_bindings(pybind11::module_& m) {
     g_plug_free.store(reinterpret_cast<PlugFree>(free_fn));
     g_plug_alloc.store(reinterpret_cast<PlugAlloc>(alloc_fn));
   });
+  m.def("_npu_new_mempool_id", [] { return py::make_tuple(0, g_next_user_pool.fetch_add(1)); });
+  m.def("_npu_mempool_create", &create_pool, py::arg("device"), py::arg("id"), py::arg("alloc_fn"),
+        py::arg("free_fn"), py::arg("use_on_oom"), py::arg("no_split"));
+  m.def("_npu_beginAllocateCurrentThreadToPool", &begin_allocate_current_thread_to_pool);
+  m.def("_npu_endAllocateToPool", [](int d, PoolIdArg id) {
+    check_device(d);
+    pool_call("use_mem_pool", [&] { core()->end_allocate_to_pool(d, id); });
+  });
+  m.def("_npu_releasePool", [](int d, PoolIdArg id) {
+    check_device(d);
+    pool_call("MemPool", [&] { core()->release_pool(d, id); });
+  });
+  m.def("_npu_getPoolUseCount", [](int d, PoolIdArg id) {
+    check_device(d);
+    return g_core.load() ? core()->pool_use_count(d, id) : 0;
+  });
+  m.def("_npu_emptyCachePool", [](PoolIdArg id) {
+    launch::release_finished();
+    core()->empty_cache(id);
+  }, nogil);
+  m.def("_npu_empty_with_swapped_memory", &empty_with_swapped_memory);
+  m.def("_npu_is_swapped", &is_swapped);
+  m.def("_npu_swapped_memory_bytes", [] { return g_swapped_bytes.load(); });
   m.def("_npu_allocator_backend", [] { return g_plug_alloc.load() ? "pluggable" : "native"; });
 }
 

@@ -19,6 +19,15 @@ from typing import Any, Callable
 import torch
 
 from npudist import _C
+from npudist.device import host_memory, mem_pool
+from npudist.device.host_memory import (
+    host_empty_cache,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
+    reset_accumulated_host_memory_stats,
+    reset_peak_host_memory_stats,
+)
+from npudist.device.mem_pool import MemPool, use_mem_pool
 
 __all__ = [
     "caching_allocator_alloc",
@@ -47,7 +56,7 @@ __all__ = [
     "reset_max_memory_cached",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
-]
+] + host_memory.__all__ + mem_pool.__all__
 
 
 # Raised when an npu allocation does not fit (torch.cuda.OutOfMemoryError is the same class).
@@ -325,9 +334,18 @@ def _snapshot(device: Any = None) -> dict[str, Any]:
     return _C._npu_memorySnapshot()
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
-    """The ``segments`` of :func:`_snapshot` (as ``torch.cuda.memory_snapshot``)."""
-    return _snapshot()["segments"]
+def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """The ``segments`` of :func:`_snapshot` (as ``torch.cuda.memory_snapshot``); with ``mempool_id`` only
+    that private pool's segments. ``include_traces`` is accepted for compatibility (segments carry none).
+    """
+    segments = _snapshot()["segments"]
+    if mempool_id is None:
+        return segments
+    try:
+        pid = (int(mempool_id[0]), int(mempool_id[1]))
+    except (TypeError, ValueError, IndexError) as e:
+        raise ValueError(f"mempool_id must be a MemPool id tuple (a, b), got {mempool_id!r}") from e
+    return [s for s in segments if tuple(s["segment_pool_id"]) == pid]
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
@@ -376,6 +394,18 @@ def _install_oom_snapshot() -> None:
         raise ValueError(f"OOM_SNAPSHOT_ENABLE={mode!r}: use 0 (off), 1 (state and history) or 2 (state only)")
     _record_memory_history("all" if mode == "1" else "state", context="all", stacks="python")
     _attach_out_of_memory_observer(_dump_oom_snapshot)
+
+
+# ---- swapped memory (torch_npu.empty_with_swapped_memory, npudist/device/swapped_memory.py) -------------
+
+def _is_swapped(tensor: torch.Tensor) -> bool:
+    """True if ``tensor``'s storage is swapped memory (host memory outside the device budget)."""
+    return _C._npu_is_swapped(tensor)
+
+
+def _swapped_memory_bytes() -> int:
+    """Bytes of swapped memory alive in this process (not part of any device's statistics)."""
+    return _C._npu_swapped_memory_bytes()
 
 
 # ---- pluggable allocator --------------------------------------------------------------------------
