@@ -27,6 +27,7 @@ from npudist.device.host_memory import (
     reset_accumulated_host_memory_stats,
     reset_peak_host_memory_stats,
 )
+from npudist.device.host_memory import _host_record_stream  # noqa: F401 (torch.npu.memory._host_record_stream)
 from npudist.device.mem_pool import MemPool, use_mem_pool
 
 __all__ = [
