@@ -5,8 +5,9 @@
 // meaning. Registered as PrivateUse1's host allocator (torch.accelerator.empty_host_cache() reaches it) and
 // returned by the PrivateUse1 hooks' getPinnedMemoryAllocator (tensor.pin_memory(), pin_memory=True).
 //
-// HOST-MEMORY: "pinned" memory is ordinary host memory here (posix_memalign); a real runtime would
-// page-lock it (aclrtMallocHost). Its bytes never count against an npu device's capacity.
+// Pinned memory is ordinary page-aligned host memory here (posix_memalign): the emulated device reads host
+// memory directly, where a real runtime would page-lock it (aclrtMallocHost) for DMA. Its bytes never count
+// against an npu device's capacity.
 #include "host_allocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>

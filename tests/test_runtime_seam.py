@@ -15,13 +15,13 @@ C_ABI = "npudist/runtime_c_api.h"
 GLUE = ["kernels.cpp", "fallback.cpp", "op_aliases.cpp", "op_schema.cpp", "op_signature.cpp", "op_redirects.cpp",
         "op_path.h", "warning_probe.h", "guard.cpp", "hooks.cpp", "batch_norm.cpp", "module.cpp", "autocast.cpp",
         "npu_tensor.h", "npu_runtime.h", "profiler.h", "profiler_record.cpp", "profiler_kineto.cpp",
-        "graph_capture.h", "graph_capture.cpp", "launch.h", "launch.cpp"]
+        "graph_capture.h", "graph_capture.cpp", "launch.h", "launch.cpp", "host_allocator.h", "host_allocator.cpp"]
 RUNTIME = ["runtime.cpp", "runtime_memory.cpp", "runtime_c_api.cpp", "runtime_usage.cpp", "runtime_internal.h"]
 ALLOCATOR = sorted(os.path.join("allocator", n) for n in os.listdir(os.path.join(CORE, "allocator")))
 # Headers that other parts of device_core may include: the C ABI, the glue's helpers, the allocator's
 # torch-facing interface.
 PUBLIC = {C_ABI, "npu_runtime.h", "npu_tensor.h", "op_path.h", "warning_probe.h", "allocator/npu_allocator.h", "profiler.h",
-          "graph_capture.h", "launch.h",
+          "graph_capture.h", "launch.h", "host_allocator.h",
           "include/npudist/profiler_c_api.h", "include/npudist/launch_c_api.h"}
 # Allowed to say HOST-MEMORY (everything else reaches memory through the runtime table).
 HOST_MEMORY_FILES = {"runtime_memory.cpp", "runtime_c_api.cpp", "fallback.cpp", "op_aliases.cpp"}

@@ -263,8 +263,8 @@ NpuAllocator g_allocator;
 // ---- swapped memory (torch_npu.empty_with_swapped_memory): npu tensors whose bytes are host memory outside
 // the device budget. A swapped storage is recognised by its deleter (free_swapped): the caching allocator
 // neither owns nor counts it, so memory_allocated and the capacity ignore it, and record_stream skips it.
-// HOST-MEMORY: on Ascend the bytes are host memory mapped into the device's address space; here every npu
-// byte is host memory, so kernels can touch them directly (only the op list is limited, in Python).
+// On Ascend the bytes are host memory mapped into the device's address space, as here; the npu kernels reach
+// them like any npu bytes (which operators may run on them is decided in npudist/device/swapped_memory.py).
 std::atomic<int64_t> g_swapped_bytes{0};
 
 void free_swapped(void* ctx) {
