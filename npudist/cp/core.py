@@ -5,10 +5,11 @@
   2 x cp chunks and rank r takes chunks r and 2*cp-1-r (every rank then does the same attention work);
   ``positions`` gives the global positions of the share, which the rotary embedding uses.
 * ``ContextParallelAttention`` replaces causal SDPA inside each attention module:
-  - ``ring``: keys and values of every cp rank are all-gathered (autograd: the backward reduce-scatters
-    their gradients) and the query shard attends to them one rank's chunk at a time, merging the chunks
-    with the online-softmax recurrence on their log-sum-exp (``_RingAttention``, forward and backward);
-    the causal mask comes from the global positions.
+  - ``ring``: the key/value blocks travel around the cp ranks by send/recv (``RingExchange``), the next
+    block in flight while the query shard attends to the current one; the blocks are merged with the
+    online-softmax recurrence on their log-sum-exp (``_RingAttention``); in backward the key/value gradients
+    travel the ring the same way, overlapped with the next block's gradient computation. The causal mask
+    comes from the global positions.
   - ``ulysses``: an all-to-all turns [seq/cp, heads] shards of q, k, v into [seq, heads/cp] shards, plain
     causal SDPA runs over whole sequences for a head subset, and a second all-to-all turns the output back.
 * The loss needs nothing: every cp rank holds the same number of tokens, so the mean of the per-rank mean
@@ -21,6 +22,7 @@ kernels (flash, efficient, cuDNN) to its ring implementation, while SDPA on npu 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
@@ -68,41 +70,88 @@ _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
-class _RingAttention(torch.autograd.Function):
-    """Attention of the local queries over every cp rank's keys/values, one rank's chunk at a time with the
-    SDPA kernel npu runs (which also returns each row's log-sum-exp), merged by the online-softmax rule:
-    lse = logaddexp(lse, lse_j), out = out * exp(lse_old - lse) + out_j * exp(lse_j - lse). Backward runs the
-    kernel's backward per chunk with the merged output and log-sum-exp, which gives each chunk's exact share
-    of the gradients (the flash-attention backward needs only the row statistics of the whole row). Nothing
-    of size [queries, keys] is kept for backward."""
+class RingExchange:
+    """One ring step's transfer within the cp group: send a tensor to the next cp rank and receive the previous
+    rank's into a new buffer, as one ``batch_isend_irecv``; ``start`` returns while the transfer is in flight,
+    ``wait`` completes it. The ``ring_attention.exchange`` / ``ring_attention.wait`` profiler ranges mark both
+    ends, so a trace shows what ran in between."""
+
+    def __init__(self, group, rank: int, size: int):
+        self.group, self.rank, self.size = group, rank, size
+        self.next, self.prev = (rank + 1) % size, (rank - 1) % size
+
+    def start(self, tensor: torch.Tensor):
+        with torch.profiler.record_function("ring_attention.exchange"):
+            recv = torch.empty_like(tensor)
+            reqs = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, tensor, group=self.group, group_peer=self.next),
+                dist.P2POp(dist.irecv, recv, group=self.group, group_peer=self.prev)])
+        return recv, reqs
 
     @staticmethod
-    def forward(ctx, q, keys, values, masks, dead):
+    def wait(pending) -> torch.Tensor:
+        recv, reqs = pending
+        with torch.profiler.record_function("ring_attention.wait"):
+            for req in reqs:
+                req.wait()
+        return recv
+
+
+class _RingAttention(torch.autograd.Function):
+    """Attention of the local queries over every cp rank's keys/values, one rank's block at a time with the SDPA
+    kernel npu runs (which also returns each row's log-sum-exp), merged by the online-softmax rule:
+    lse = logaddexp(lse, lse_j), out = out * exp(lse_old - lse) + out_j * exp(lse_j - lse).
+
+    Forward: step i attends to the block of rank r - i (its own first: every query sees itself, so lse starts
+    finite) while the block is already being passed on to rank r + 1 and the next one received from r - 1.
+    Backward: the kernel's backward per block with the merged output and log-sum-exp gives each block's exact
+    share of the gradients (the flash-attention backward needs only the row statistics of the whole row).
+    The key/value gradients travel the ring as an accumulator: step i computes the share of block r - i - 1
+    while the accumulator of the previous step is in flight to rank r + 1 and this step's arrives from r - 1;
+    after the last step each rank holds its own block's gradient. The received blocks are kept for backward
+    (as the all-gathered keys and values were); nothing of size [queries, keys] is."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ring: RingExchange, masks, dead):
+        n, r = ring.size, ring.rank
+        kv = torch.stack([k, v])
+        blocks = [None] * n
         out = lse = None
-        for kj, vj, mask, rows in zip(keys, values, masks, dead):
-            out_j, lse_j = _FLASH(q, kj, vj, 0.0, False, attn_mask=mask)
-            lse_j = lse_j.masked_fill(rows, float("-inf"))    # the kernel reports 0 for rows it fully masks
-            if out is None:   # rank 0 holds position 0, visible to every query: lse starts finite
+        for i in range(n):
+            src = (r - i) % n
+            pending = ring.start(kv) if i < n - 1 else None
+            blocks[src] = kv
+            out_j, lse_j = _FLASH(q, kv[0], kv[1], 0.0, False, attn_mask=masks[src])
+            lse_j = lse_j.masked_fill(dead[src], float("-inf"))    # the kernel reports 0 for rows it fully masks
+            if out is None:
                 out, lse = out_j, lse_j
-                continue
-            merged = torch.logaddexp(lse, lse_j)
-            out = out * torch.exp(lse - merged).unsqueeze(-1) + out_j * torch.exp(lse_j - merged).unsqueeze(-1)
-            lse = merged
-        ctx.save_for_backward(q, keys, values, out, lse)
-        ctx.masks = masks
+            else:
+                merged = torch.logaddexp(lse, lse_j)
+                out = (out * torch.exp(lse - merged).unsqueeze(-1)
+                       + out_j * torch.exp(lse_j - merged).unsqueeze(-1))
+                lse = merged
+            if pending is not None:
+                kv = ring.wait(pending)
+        ctx.save_for_backward(q, out, lse, *blocks)
+        ctx.ring, ctx.masks = ring, masks
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, keys, values, out, lse = ctx.saved_tensors
+        q, out, lse, *blocks = ctx.saved_tensors
+        ring = ctx.ring
+        n, r = ring.size, ring.rank
         grad = grad.contiguous()
-        dq, dks, dvs = torch.zeros_like(q), [], []
-        for kj, vj, mask in zip(keys, values, ctx.masks):
-            g_q, g_k, g_v = _FLASH_BACKWARD(grad, q, kj, vj, out, lse, 0.0, False, attn_mask=mask)
+        dq, acc = torch.zeros_like(q), None
+        for i in range(n):
+            b = (r - i - 1) % n
+            pending = ring.start(acc) if i > 0 else None
+            kv = blocks[b]
+            g_q, g_k, g_v = _FLASH_BACKWARD(grad, q, kv[0], kv[1], out, lse, 0.0, False, attn_mask=ctx.masks[b])
             dq += g_q
-            dks.append(g_k)
-            dvs.append(g_v)
-        return dq, torch.stack(dks), torch.stack(dvs), None, None
+            share = torch.stack([g_k, g_v])
+            acc = share if pending is None else ring.wait(pending) + share
+        return dq, acc[0], acc[1], None, None, None
 
 
 class ContextParallelAttention:
@@ -125,11 +174,9 @@ class ContextParallelAttention:
 
     def _ring(self, q, k, v):
         s = self.sharder
-        n, local = s.size, q.shape[2]
-        keys = funcol.all_gather_single_autograd(k.contiguous(), 0, s.group).view(n, *k.shape)
-        values = funcol.all_gather_single_autograd(v.contiguous(), 0, s.group).view(n, *v.shape)
-        masks, dead = self._masks(local, q.device)
-        return _RingAttention.apply(q.contiguous(), keys, values, masks, dead)
+        masks, dead = self._masks(q.shape[2], q.device)
+        ring = RingExchange(s.group, s.rank, s.size)
+        return _RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), ring, masks, dead)
 
     def _masks(self, local: int, device):
         """Per cp rank j: the additive causal mask [local q, local kv] between this rank's positions and rank
