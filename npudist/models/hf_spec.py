@@ -22,10 +22,10 @@ TP_PLAN = {
 
 def check_hf(cfg, parallel) -> list[str]:
     errors = check_transformer(cfg, parallel.tp_degree if parallel.tp_degree >= 1 else 1)
-    if parallel.ep_degree > 1 and parallel.tp_degree > 1:
-        errors.append("parallel.ep_degree: expert parallel of an hf_causal_lm MoE model together with tensor "
-                      "parallelism is not supported; set one of ep_degree, tp_degree to 1 (the built-in moe "
-                      "model runs both)")
+    for name, degree in (("tp_degree", parallel.tp_degree), ("pp_degree", parallel.pp_degree)):
+        if parallel.ep_degree > 1 and degree > 1:
+            errors.append(f"parallel.ep_degree: expert parallel of an hf_causal_lm MoE model together with "
+                          f"parallel.{name} > 1 is not supported; set one of them to 1")
     if parallel.tp_degree > 1 and parallel.tp.sequence_parallel and parallel.tp.plan is None:
         errors.append("parallel.tp.sequence_parallel: not supported for hf_causal_lm (the HF decoder computes "
                       "rotary positions from the sequence length it sees); set it to false")

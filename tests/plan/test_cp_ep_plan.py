@@ -170,5 +170,5 @@ def test_hf_moe_plans_split_experts_and_a_dense_hf_model_has_none():
     assert errs[0].startswith("parallel.ep_degree: the model's 4 experts cannot be split evenly over 3 ep ranks")
     errs = errors_of({"model": HF_MOE, "data": {"seq_len": 32},
                       "parallel": {"ep_degree": 2, "tp_degree": 2}}, world_size=4)
-    assert any(e.startswith("parallel.ep_degree: expert parallel of an hf_causal_lm MoE model together with "
-                            "tensor parallelism is not supported") for e in errs), errs
+    assert ("parallel.ep_degree: expert parallel of an hf_causal_lm MoE model together with parallel.tp_degree > 1 "
+            "is not supported; set one of them to 1") in errs, errs
