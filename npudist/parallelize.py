@@ -35,7 +35,7 @@ from npudist.mesh import get_cp_mesh, get_dp_mesh, get_ep_mesh, get_fsdp_mesh, g
 from npudist.models import get_model_spec, model_layout
 from npudist.pp import build_pipeline
 from npudist.swap.activations import apply_activation_swap
-from npudist.swap.select import resolve_swap_blocks
+from npudist.plan.swap_rules import resolve_swap_blocks
 from npudist.tp import apply_tp
 
 

@@ -128,8 +128,8 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
 
 def _swap_lines(plan: Plan, degrees: ParallelDegrees) -> list[str]:
     """The swap settings with the device memory they save on the busiest rank, and the levers not used yet."""
-    from npudist.swap.levers import memory_levers
-    from npudist.swap.select import resolve_swap_blocks
+    from .levers import memory_levers
+    from .swap_rules import resolve_swap_blocks
     swap = plan.memory.swap
     estimates = estimate_all(plan, degrees)
     busiest = max(estimates, key=lambda e: e.device_bytes)

@@ -134,11 +134,12 @@ def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ran
         block = layers_per_stage * per_ckpt_layer
     else:
         block = layers_per_stage * per_layer
-    # Swapped blocks (never checkpointed ones) leave the device; backward holds the block it runs and the
-    # one prefetched behind it (npudist.swap.activations).
+    # Swapped blocks (never checkpointed ones) leave the device; backward holds the block it runs and, when
+    # the block before it is swapped too, that one prefetched (npudist.swap.activations).
     n_swapped = max(sum(1 for i in ranges[s] if i in swapped) for s in stages)
+    adjacent = any(i in swapped and i - 1 in swapped for s in stages for i in ranges[s])
     block -= n_swapped * per_layer
-    fetched = min(n_swapped, 2) * per_layer * tokens * act_bytes
+    fetched = min(n_swapped, 2 if adjacent else 1) * per_layer * tokens * act_bytes
     extra = (dims.dim / sp if first else 0)
     logits = 0
     if head:
@@ -158,7 +159,7 @@ def _activations(plan: Plan, degrees: ParallelDegrees, dims, coords, stages, ran
 
 
 def _swapped_blocks(plan: Plan, layout) -> frozenset:
-    from npudist.swap.select import resolve_swap_blocks
+    from .swap_rules import resolve_swap_blocks
     return frozenset(resolve_swap_blocks(plan.memory.swap.activations.blocks, list(layout.blocks))[0])
 
 

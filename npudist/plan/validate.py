@@ -359,7 +359,7 @@ def _check_compile(c: _Checks, p: Plan, layout) -> None:
 
 
 def _check_swap(c: _Checks, p: Plan, layout) -> None:
-    from npudist.swap.select import swap_plan_problems
+    from .swap_rules import swap_plan_problems
     for key, message, reads in swap_plan_problems(p, layout):
         c.fail(key, message, *reads)
 

@@ -3,8 +3,8 @@
 * ``npudist.swap.activations``: ``ActivationSwap`` / ``apply_activation_swap`` (plan key
   ``memory.swap.activations.blocks``);
 * ``npudist.swap.optimizer_state``: ``OptimizerStateSwap`` (``memory.swap.optimizer_state``);
-* ``npudist.swap.select``: which blocks a plan swaps, and the plan rules (torch-free, used by validation);
 * ``npudist.swap.oom``: the note an out-of-memory error gets during a plan's training.
 
-The submodules are imported where they are used: plan validation must not import torch.
+Which blocks a plan swaps and its rules live with the plan (``npudist.plan.swap_rules``, torch-free), the
+levers and their savings too (``npudist.plan.levers``). The submodules are imported where they are used.
 """

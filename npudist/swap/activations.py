@@ -7,8 +7,8 @@ Built on ``torch.autograd.graph.saved_tensors_hooks`` (the mechanism of torch's 
 * the device-to-host copy runs on a side stream, ordered after the producing work with ``wait_stream``, so
   forward compute continues while the copy drains; ``record_stream`` keeps the allocator from handing the
   source's block to other work until the copy has read it;
-* backward prefetches: the first unpack of block k's tensors also starts the host-to-device copy of the
-  block that ran before k in the same forward, so that copy overlaps k's backward; the compute stream waits
+* backward prefetches: the first unpack of block k's tensors also starts the host-to-device copy of block
+  k-1 (when it is swapped and ran just before k), so that copy overlaps k's backward; the compute stream waits
   on an event recorded after a block's copies before it reads them;
 * parameters (FSDP's unsharded parameters among them) are not copied: they stay referenced elsewhere, so a
   host copy would free nothing; a tensor saved several times by one block is copied once;
@@ -76,7 +76,9 @@ class ActivationSwap:
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
         def enter(module, args):
-            prev = self._last if self._last is not None and self._last.index < index else None
+            # Prefetch only the block just before this one in the model: with a checkpointed (or unswapped)
+            # block between them, fetching early would hold both while the block between runs its backward.
+            prev = self._last if self._last is not None and self._last.index == index - 1 else None
             self._group = _Group(index, prev)
             hooks.__enter__()
 
@@ -146,7 +148,6 @@ class ActivationSwap:
             self._fetch(group.prev)   # overlaps the previous block's copies with this block's backward
         current = self.device_module.current_stream(self.device)
         current.wait_event(group.ready)
-        packed.device.record_stream(current)
         return packed.device
 
     def _fetch(self, group: _Group) -> None:
@@ -154,13 +155,16 @@ class ActivationSwap:
             return
         group.fetched = True
         self._release_finished()
+        live = [saved for saved in (ref() for ref in group.saved) if saved is not None]   # None: graph freed
+        # The destinations come from the compute stream's pool: blocks cached for the side stream would be
+        # unusable by compute work and fragment a tight device. The side stream waits for the compute
+        # stream's earlier users of those blocks before it writes them.
+        for saved in live:
+            saved.device = torch.empty_like(saved.host, device=self.device)
+        self.stream.wait_stream(self.device_module.current_stream(self.device))
         buffers = []
         with self.device_module.stream(self.stream):
-            for ref in group.saved:
-                saved = ref()
-                if saved is None:      # its graph was freed without a backward
-                    continue
-                saved.device = torch.empty_like(saved.host, device=self.device)
+            for saved in live:
                 saved.device.copy_(saved.host, non_blocking=True)
                 buffers.append(saved.host)
                 saved.host = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from npudist.plan.check import format_bytes
 from npudist.plan.estimate import estimate_rank
 
-from .levers import memory_levers
+from npudist.plan.levers import memory_levers
 
 
 def oom_note(plan, rank: int, capacity: int | None) -> str:

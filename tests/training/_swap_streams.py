@@ -20,7 +20,7 @@ from npudist.swap.optimizer_state import OptimizerStateSwap
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiler"))
 from trace_checks import device_events, load, npu_tracks  # noqa: E402
 
-CFG = ModelConfig(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
+CFG = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 
 
 def _model(swap: bool):

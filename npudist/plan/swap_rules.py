@@ -1,7 +1,8 @@
-"""Which blocks a plan swaps and which it checkpoints, as indices into the model spec's blocks (forward order)."""
+"""The ``memory.swap`` rules: which blocks a plan swaps and which it checkpoints (indices into the model spec's
+blocks, in forward order), and what validation reports about them. Torch-free."""
 from __future__ import annotations
 
-from npudist.plan.patterns import check_pattern, matches
+from .patterns import check_pattern, matches
 
 
 def resolve_swap_blocks(entries, blocks) -> tuple[set[int], list[str]]:

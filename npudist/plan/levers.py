@@ -7,10 +7,10 @@ import copy
 from dataclasses import dataclass
 
 from npudist.models import model_layout
-from npudist.plan.estimate import estimate_rank
-from npudist.plan.schema import ParallelDegrees, Plan
 
-from .select import checkpointed_blocks, resolve_swap_blocks
+from .estimate import estimate_rank
+from .schema import ParallelDegrees, Plan
+from .swap_rules import checkpointed_blocks, resolve_swap_blocks
 
 
 @dataclass
