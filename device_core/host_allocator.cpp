@@ -96,13 +96,17 @@ void raw_free(void* ctx);
 
 struct NpuHostAllocator final : public at::CachingHostAllocatorInterface<NpuHostAllocatorImpl, raw_free> {};
 
-NpuHostAllocator g_host_allocator;
+// Created on first use and never destroyed: pinned tensors may be freed after static destruction at exit.
+NpuHostAllocator& host_allocator() {
+  static auto* a = new NpuHostAllocator();
+  return *a;
+}
 
-void raw_free(void* ctx) { g_host_allocator.free(ctx); }
+void raw_free(void* ctx) { host_allocator().free(ctx); }
 
 }  // namespace
 
-c10::Allocator* allocator() { return &g_host_allocator; }
+c10::Allocator* allocator() { return &host_allocator(); }
 
 bool is_pinned(const void* ptr) {
   auto p = reinterpret_cast<uintptr_t>(ptr);
@@ -115,7 +119,7 @@ bool is_pinned(const void* ptr) {
 
 bool record_stream(void* ptr, void* ctx, c10::Stream stream) {
   TORCH_CHECK_VALUE(stream.device_type() == c10::DeviceType::PrivateUse1, "expected an npu stream, got ", stream);
-  return g_host_allocator.record_event(ptr, ctx, stream);
+  return host_allocator().record_event(ptr, ctx, stream);
 }
 
 namespace {
@@ -142,7 +146,7 @@ py::dict duration_dict(const c10::CachingAllocator::DurationStat& s) {
 
 // torch._C._cuda_hostMemoryStats's layout (torch.cuda.host_memory_stats_as_nested_dict).
 py::dict host_memory_stats() {
-  at::HostStats s = g_host_allocator.get_stats();
+  at::HostStats s = host_allocator().get_stats();
   py::dict r;
   r["num_host_alloc"] = s.num_host_alloc;
   r["num_host_free"] = s.num_host_free;
@@ -158,12 +162,12 @@ py::dict host_memory_stats() {
 }  // namespace
 
 void init_bindings(pybind11::module_& m) {
-  at::setHostAllocator(c10::DeviceType::PrivateUse1, &g_host_allocator);
+  at::setHostAllocator(c10::DeviceType::PrivateUse1, &host_allocator());
   auto nogil = py::call_guard<py::gil_scoped_release>();
   m.def("_npu_hostMemoryStats", &host_memory_stats);
-  m.def("_npu_resetAccumulatedHostMemoryStats", [] { g_host_allocator.reset_accumulated_stats(); });
-  m.def("_npu_resetPeakHostMemoryStats", [] { g_host_allocator.reset_peak_stats(); });
-  m.def("_npu_hostEmptyCache", [] { g_host_allocator.empty_cache(); }, nogil);
+  m.def("_npu_resetAccumulatedHostMemoryStats", [] { host_allocator().reset_accumulated_stats(); });
+  m.def("_npu_resetPeakHostMemoryStats", [] { host_allocator().reset_peak_stats(); });
+  m.def("_npu_hostEmptyCache", [] { host_allocator().empty_cache(); }, nogil);
   m.def("_npu_hostRecordStream", [](const at::Tensor& t, int device, int64_t stream_id) {
     TORCH_CHECK_VALUE(t.device().is_cpu(), "expected a pinned CPU tensor, got a tensor on ", t.device());
     const c10::DataPtr& dp = t.storage().data_ptr();
