@@ -195,7 +195,7 @@ void ShmEngineImpl::reduce_scatter(const void* in, void* out, size_t count, Data
     sync();
     if (all_shared()) return reduce_scatter_zc(in, out, count, t, op, scale);
   }
-  const size_t piece = segment_elems(pipe_bytes_, size_, es);
+  const size_t piece = segment_elems(rs_pipe_bytes_, size_, es);
   size_t off = 0;
   do {
     const size_t len = std::min(piece, count - off);

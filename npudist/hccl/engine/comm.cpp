@@ -32,6 +32,9 @@ ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg
   half_ = seg_->buffer_bytes() / 2;
   // Small pipeline steps keep the staging data in cache; tunable for experiments.
   pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_CHUNK_KB", 256 * 1024));
+  // reduce_scatter syncs every rank once per step and its steps are short (copy n-1 blocks, reduce one), so
+  // the syncs dominate at 256 KiB; 1 MiB steps still stay in L2/L3 (A/B in BENCHMARKS.md, "Collectives").
+  rs_pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_RS_CHUNK_KB", 1024 * 1024));
   one_shot_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_ONESHOT_KB", 64 * 1024));
   stream_bytes_ = env_kib("NPUDIST_ENGINE_STREAM_KB", 4096 * 1024);
   direct_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_KB", 512 * 1024);

@@ -81,6 +81,7 @@ class ShmEngineImpl final : public ShmEngine {
   uint64_t a2a_offset_from(int r) const { return a2a_offsets_[r]; }
   size_t largest_split() const;
   void read_peer(int peer, uint64_t remote_addr, void* local, size_t bytes);
+  void write_peer(int peer, uint64_t remote_addr, const void* local, size_t bytes);
   void gather_all_direct(const void* in, void* out, size_t bytes);
   void all_gather_direct(const void* in, void* out, size_t bytes);
   void broadcast_direct(void* buf, size_t bytes, int root);
@@ -116,6 +117,7 @@ class ShmEngineImpl final : public ShmEngine {
   int rank_, size_;
   size_t half_;           // bytes of one half of a staging slot
   size_t pipe_bytes_;     // bytes moved per rank per pipelined step (<= half_)
+  size_t rs_pipe_bytes_;  // the same for reduce_scatter (<= half_)
   size_t one_shot_bytes_; // all_reduce/reduce up to this size use the one-shot algorithm
   size_t stream_bytes_;   // ops whose output is at least this large write it with streaming stores
   size_t direct_bytes_;   // data-movement ops in [direct_bytes_, direct_max_bytes_) use direct mode

@@ -127,6 +127,18 @@ def test_collectives_in_direct_and_staging_modes(driver, mode):
     assert_all_pass(results, name)
 
 
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_copy_path_is_logged_once_per_process(driver, direct):
+    # With torch.distributed's debug logging on, every process states once which copy path its cpu-buffer
+    # collectives take: cross-memory attach (single copy) or staging through shared memory (forced off).
+    results, name = run_ranks(driver, "collectives", 2,
+                              env={"TORCH_DISTRIBUTED_DEBUG": "INFO", "NPUDIST_ENGINE_DIRECT": direct})
+    assert_all_pass(results, name)
+    want = "copy once, peer to peer" if direct == "1" else "staged through shared memory (NPUDIST_ENGINE_DIRECT=0)"
+    for _, out in results:
+        assert out.count("npudist hccl: ") == 1 and want in out, out
+
+
 def test_collectives_with_portable_kernels_and_streaming_stores(driver):
     # Baseline-ISA reduction kernels (no AVX2/F16C) and streaming stores for every output size.
     results, name = run_ranks(driver, "collectives", 2,
