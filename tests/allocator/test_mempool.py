@@ -101,6 +101,29 @@ def test_mempool_routes_only_the_current_thread_and_device():
     assert pool.use_count() == 1
 
 
+def test_mempool_multithread():
+    # Threads each route to their own pool at the same time (test_mempool_multithread in test_cuda.py).
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            pool = torch.npu.MemPool()
+            with torch.npu.use_mem_pool(pool):
+                t = torch.full((256,), float(i), device="npu")
+            results[i] = (pool.id, in_pool(pool, t), float(t.sum()))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len({r[0] for r in results.values()}) == 4
+    assert all(r[1] and r[2] == 256.0 * i for i, r in results.items())
+
+
 def test_mempool_errors():
     pool = torch.npu.MemPool()
     with pytest.raises(TypeError, match="MemPool"):
