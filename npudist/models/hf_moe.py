@@ -60,7 +60,8 @@ def ep_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Ten
     counts = torch.bincount(flat, minlength=self.num_experts)
     order = flat.argsort(stable=True)                    # routing slots grouped by expert
     local, local_counts, ctx = dispatcher.dispatch(hidden_states[order // k], counts)
-    gate_up, down = (ScaleGrad.apply(w.to_local(), grad_scale) for w in (self.gate_up_proj, self.down_proj))
+    gate_up, down = (ScaleGrad.apply(w.to_local() if hasattr(w, "to_local") else w, grad_scale)
+                     for w in (self.gate_up_proj, self.down_proj))
     outs, start = [], 0
     for e, n in enumerate(local_counts):
         xe = local[start:start + n]
@@ -73,9 +74,10 @@ def ep_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Ten
     return out.to(hidden_states.dtype)
 
 
-def _register_implementation() -> None:
-    from transformers.integrations.moe import ExpertsInterface
-    if IMPLEMENTATION not in ExpertsInterface._global_mapping:
+def register_implementation() -> None:
+    """Make ``npudist_ep`` a transformers experts implementation (once; models opt in by name)."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+    if IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
         ExpertsInterface.register(IMPLEMENTATION, ep_experts_forward)
 
 
@@ -101,6 +103,6 @@ def apply_hf_ep(model: nn.Module, ep_mesh) -> list[nn.Parameter]:
         # fed this shard into their mean (as GroupedExperts.grad_scale does).
         experts.npudist_grad_scale = 1.0 / size
         params.extend(experts.parameters(recurse=False))
-    _register_implementation()
+    register_implementation()
     model.model.set_experts_implementation(IMPLEMENTATION)
     return params
