@@ -14,6 +14,14 @@ from _subproc import run_snippet
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _return_pool_memory():
+    # Pools these tests drop are forgotten at the next empty_cache; do it now so later tests in this worker
+    # see no leftover pool segments or reserved_bytes_by_private_pools keys.
+    yield
+    torch.npu.empty_cache()
+
+
 def pool_ptrs(pool):
     """[start, end) of every segment of the pool."""
     return [(s["address"], s["address"] + s["total_size"]) for s in pool.snapshot()]
