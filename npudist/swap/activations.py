@@ -4,9 +4,10 @@ its backward.
 Built on ``torch.autograd.graph.saved_tensors_hooks`` (the mechanism of torch's own ``save_on_cpu`` and
 ``offload_wrapper``), with what those lack for training past device memory:
 
-* the device-to-host copy runs on a side stream, ordered after the producing work with ``wait_stream``, so
-  forward compute continues while the copy drains; ``record_stream`` keeps the allocator from handing the
-  source's block to other work until the copy has read it;
+* the device-to-host copies of a block run on a side stream when its forward ends, ordered after the
+  producing work with one ``wait_stream``, so the next block's compute can continue while they drain;
+  ``record_stream`` keeps the allocator from handing a source's block to other work until the copy has read
+  it;
 * backward prefetches: the first unpack of block k's tensors also starts the host-to-device copy of block
   k-1 (when it is swapped and ran just before k), so that copy overlaps k's backward; the compute stream waits
   on an event recorded after a block's copies before it reads them;
@@ -47,11 +48,12 @@ class _Subclass:
 class _Group:
     """The tensors one forward call of one block swapped out; ``prev`` is the block that ran just before it
     in the same forward (the one to prefetch while this block's backward runs)."""
-    __slots__ = ("index", "saved", "prev", "ready", "fetched", "seen")
+    __slots__ = ("index", "saved", "prev", "ready", "fetched", "seen", "outgoing")
 
     def __init__(self, index: int, prev: "_Group | None"):
         self.index, self.prev = index, prev
         self.saved: list[weakref.ref] = []
+        self.outgoing: list[tuple[_Saved, torch.Tensor]] = []   # copies to issue when the block's forward ends
         self.ready = None          # event after this group's host-to-device copies
         self.fetched = False
         self.seen: dict[int, tuple] = {}   # id(tensor) -> (weakref, version, packed): dedup within the block
@@ -84,6 +86,7 @@ class ActivationSwap:
 
         def leave(module, args, output):
             hooks.__exit__(None, None, None)
+            self._swap_out(self._group)
             self._group.seen.clear()   # dedup is per forward call; keeping the entries would pin tensors
             self._last, self._group = self._group, None
 
@@ -117,15 +120,25 @@ class ActivationSwap:
             # Overlapping or non-dense (an expanded view): a dense copy would change its strides, and with
             # them possibly the backward kernels' results; such tensors are small, so they stay.
             return t
+        saved = _Saved(host, group)
+        group.saved.append(weakref.ref(saved))
+        group.outgoing.append((saved, t))
+        return saved
+
+    def _swap_out(self, group: _Group) -> None:
+        """Copy a block's saved tensors to their pinned buffers on the side stream, after the block's forward
+        (one stream wait per block, not per tensor), and let go of the device tensors."""
+        if not group.outgoing:
+            return
         self._release_finished()
         self.stream.wait_stream(self.device_module.current_stream(self.device))
         with self.device_module.stream(self.stream):
-            host.copy_(t, non_blocking=True)
-        t.record_stream(self.stream)
-        self.bytes_out += t.numel() * t.element_size()
-        saved = _Saved(host, group)
-        group.saved.append(weakref.ref(saved))
-        return saved
+            for saved, t in group.outgoing:
+                saved.host.copy_(t, non_blocking=True)
+        for saved, t in group.outgoing:
+            t.record_stream(self.stream)   # its block is not reused before the copy has read it
+            self.bytes_out += t.numel() * t.element_size()
+        group.outgoing.clear()
 
     # -- backward: host -> device -------------------------------------------------------------------------
 
