@@ -11,8 +11,19 @@ import contextlib
 from typing import Any
 
 from npudist import _C
+from npudist.device.device_index import device_index
+from npudist.device.pluggable_allocator import NPUPluggableAllocator
 
 __all__ = ["MemPool", "use_mem_pool"]
+
+
+def select_pool_segments(segments: list[dict[str, Any]], mempool_id: Any) -> list[dict[str, Any]]:
+    """The snapshot segments that belong to the private pool ``mempool_id`` (a MemPool id tuple)."""
+    try:
+        pid = (int(mempool_id[0]), int(mempool_id[1]))
+    except (TypeError, ValueError, IndexError) as e:
+        raise ValueError(f"mempool_id must be a MemPool id tuple (a, b), got {mempool_id!r}") from e
+    return [s for s in segments if tuple(s["segment_pool_id"]) == pid]
 
 
 def _pool_id(pool: Any) -> tuple[int, int]:
@@ -33,13 +44,11 @@ class MemPool:
     """
 
     def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False):
-        from npudist.device.memory import NPUPluggableAllocator, _device_index  # noqa: PLC0415 (cycle)
-
         if allocator is not None and not isinstance(allocator, NPUPluggableAllocator):
             raise TypeError(f"MemPool(allocator=...) expects a torch.npu.memory.NPUPluggableAllocator or None, "
                             f"got {type(allocator).__name__}")
         self._allocator = allocator  # keeps its library loaded while the pool may call it
-        self._device = _device_index(None)
+        self._device = device_index(None)
         self._id = tuple(_C._npu_new_mempool_id())
         fns = (allocator._alloc_fn, allocator._free_fn) if allocator is not None else (0, 0)
         _C._npu_mempool_create(self._device, self._id, fns[0], fns[1], bool(use_on_oom), bool(no_split))
@@ -61,9 +70,7 @@ class MemPool:
 
     def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
         """The segments of this pool, in ``torch.npu.memory_snapshot()`` format."""
-        from npudist.device.memory import memory_snapshot  # noqa: PLC0415 (cycle)
-
-        return memory_snapshot(self._id, include_traces=include_traces)
+        return select_pool_segments(_C._npu_memorySnapshot()["segments"], self._id)
 
     def __del__(self):
         # As torch.cuda's pool: release this holder, then return what the pool has cached. Blocks of tensors
@@ -85,10 +92,8 @@ def use_mem_pool(pool: MemPool, device: Any = None):
     Only the calling thread is routed: work a thread started inside the block (e.g. autograd's backward
     threads) allocates from the default pools, as with torch.cuda.
     """
-    from npudist.device.memory import _device_index  # noqa: PLC0415 (cycle)
-
     pid = _pool_id(pool)
-    idx = _device_index(device)
+    idx = device_index(device)
     _C._npu_beginAllocateCurrentThreadToPool(idx, pid)
     try:
         yield

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import os
 import pickle
 import sys
@@ -20,6 +19,8 @@ import torch
 
 from npudist import _C
 from npudist.device import host_memory, mem_pool
+from npudist.device.device_index import device_index as _device_index
+from npudist.device.pluggable_allocator import NPUPluggableAllocator, _NPUAllocator
 from npudist.device.host_memory import (
     host_empty_cache,
     host_memory_stats,
@@ -62,29 +63,6 @@ __all__ = [
 
 # Raised when an npu allocation does not fit (torch.cuda.OutOfMemoryError is the same class).
 OutOfMemoryError = torch.OutOfMemoryError
-
-
-def _device_index(device: Any = None) -> int:
-    """Index of ``device`` (None/int/str/torch.device); None or an index-less ``npu`` means current."""
-    if device is None:
-        idx = _C._current_device()
-    elif isinstance(device, bool):
-        raise ValueError(f"Expected an npu device, got {device!r}")
-    elif isinstance(device, int):
-        idx = device
-    else:
-        try:
-            dev = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(f"Expected an npu device (e.g. 'npu:0' or 0), got {device!r}") from e
-        if dev.type != "npu":
-            raise ValueError(f"Expected an npu device, got {dev} (use torch.cuda/torch.cpu APIs for those)")
-        idx = _C._current_device() if dev.index is None else dev.index
-    n = _C._device_count()
-    if not 0 <= idx < n:
-        raise ValueError(f"Invalid npu device index {idx}: this process sees {n} npu device(s) "
-                         "(NPUDIST_DEVICE_COUNT / ASCEND_RT_VISIBLE_DEVICES)")
-    return idx
 
 
 def _stream_id(stream: Any, device: int) -> int:
@@ -340,13 +318,7 @@ def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: b
     that private pool's segments. ``include_traces`` is accepted for compatibility (segments carry none).
     """
     segments = _snapshot()["segments"]
-    if mempool_id is None:
-        return segments
-    try:
-        pid = (int(mempool_id[0]), int(mempool_id[1]))
-    except (TypeError, ValueError, IndexError) as e:
-        raise ValueError(f"mempool_id must be a MemPool id tuple (a, b), got {mempool_id!r}") from e
-    return [s for s in segments if tuple(s["segment_pool_id"]) == pid]
+    return segments if mempool_id is None else mem_pool.select_pool_segments(segments, mempool_id)
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
@@ -410,35 +382,6 @@ def _swapped_memory_bytes() -> int:
 
 
 # ---- pluggable allocator --------------------------------------------------------------------------
-
-class _NPUAllocator:
-    """Base of allocators that :func:`change_current_allocator` accepts."""
-
-
-class NPUPluggableAllocator(_NPUAllocator):
-    """An allocator from a shared library (as ``torch.cuda.memory.CUDAPluggableAllocator``).
-
-    The library exports ``void* alloc_fn(size_t size, int device, void* stream)`` and
-    ``void free_fn(void* ptr, size_t size, int device, void* stream)``; ``stream`` carries the npu stream
-    id. Caching, statistics and snapshots are the library's business (torch.npu stats raise while it is
-    active); ``record_stream`` is ignored for its memory.
-    """
-
-    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str):
-        try:
-            self._lib = ctypes.CDLL(os.fspath(path_to_so_file))
-        except OSError as e:
-            raise ValueError(f"NPUPluggableAllocator: cannot load {path_to_so_file!r}: {e}") from e
-        addrs = []
-        for name in (alloc_fn_name, free_fn_name):
-            try:
-                addrs.append(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value)
-            except AttributeError as e:
-                raise ValueError(f"NPUPluggableAllocator: {path_to_so_file!r} does not export {name!r} "
-                                 "(declare it extern \"C\")") from e
-        self._alloc_fn, self._free_fn = addrs
-        self.path = os.fspath(path_to_so_file)
-
 
 _current_allocator: _NPUAllocator | None = None
 

@@ -20,6 +20,7 @@ import torch
 from torch.utils._mode_utils import no_dispatch
 
 from npudist import _C
+from npudist.device.device_index import device_index
 
 __all__ = ["SwappedTensor", "empty_with_swapped_memory"]
 
@@ -78,8 +79,6 @@ def empty_with_swapped_memory(size: Sequence[int] | torch.Size, dtype: torch.dty
     operators: ``fill_``, ``zero_``, ``mul_`` (as self or as the other operand), ``npu_apply_adam_w``; any
     other operator raises ``RuntimeError`` naming it.
     """
-    from npudist.device.memory import _device_index  # noqa: PLC0415 (cycle)
-
     if isinstance(size, int) and not isinstance(size, bool):
         size = (size,)
     try:
@@ -94,5 +93,5 @@ def empty_with_swapped_memory(size: Sequence[int] | torch.Size, dtype: torch.dty
         raise TypeError(f"empty_with_swapped_memory: dtype must be a torch.dtype, got {dtype!r}")
     if device is not None and torch.device(device).type != "npu":
         raise ValueError(f"empty_with_swapped_memory: device must be an npu device, got {device!r}")
-    plain = _C._npu_empty_with_swapped_memory(sizes, dtype, _device_index(device))
+    plain = _C._npu_empty_with_swapped_memory(sizes, dtype, device_index(device))
     return SwappedTensor._make_subclass(SwappedTensor, plain)
