@@ -166,7 +166,7 @@ def parallelize(model: nn.Module, plan, mesh: DeviceMesh | None, loss_fn: Callab
         if cp_mesh is not None:
             apply_cp(part, cp_mesh, par.cp, sharder)
         if ep_mesh is not None:
-            experts.extend((spec.expert_parallel or apply_ep)(part, ep_mesh))
+            experts.extend(apply_ep(part, ep_mesh, spec.expert_parallel))
         apply_activation_checkpointing(part, par.activation_checkpoint, list(layout.blocks))
         if swap_blocks:
             swap = apply_activation_swap(part, list(layout.blocks), swap_blocks)

@@ -69,9 +69,13 @@ def shard_expert_weights(experts: nn.Module, ep_mesh: DeviceMesh) -> None:
         setattr(experts, name, nn.Parameter(dt, requires_grad=param.requires_grad))
 
 
-def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> list[nn.Parameter]:
+def apply_ep(model: nn.Module, ep_mesh: DeviceMesh, expert_modules=None) -> list[nn.Parameter]:
     """Split the experts of every MoE layer of ``model`` over the 1-D ``ep_mesh``; returns the expert
-    parameters (which FSDP must leave alone)."""
+    parameters (which FSDP must leave alone). ``expert_modules``: the model spec's ``expert_parallel`` hook
+    for a model whose experts are not ``npudist.models.moe`` layers (its modules get ``npudist_dispatch``
+    and ``npudist_grad_scale``)."""
+    if expert_modules is not None:
+        return _split_expert_modules(expert_modules(model), ep_mesh)
     from npudist.models.moe import moe_layers
     group, size = ep_mesh.get_group(), ep_mesh.size()
     params: list[nn.Parameter] = []
@@ -82,6 +86,22 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> list[nn.Parameter]:
         moe.experts.grad_scale = 1.0 / size
         moe.dispatcher = AllToAllDispatch(group, moe.n_experts)
         params.extend(moe.experts.parameters())
+    return params
+
+
+def _split_expert_modules(found, ep_mesh: DeviceMesh) -> list[nn.Parameter]:
+    group, size = ep_mesh.get_group(), ep_mesh.size()
+    params: list[nn.Parameter] = []
+    for name, experts in found:
+        n = next(experts.parameters(recurse=False)).shape[0]
+        if n % size:
+            raise ValueError(f"parallel.ep_degree: the {n} experts of {name} cannot be split over {size} ep ranks")
+        shard_expert_weights(experts, ep_mesh)
+        experts.npudist_dispatch = AllToAllDispatch(group, n)
+        # Each ep rank's loss is a mean over its own tokens: the factor turns the sum over the ep ranks that
+        # fed this shard into their mean (as GroupedExperts.grad_scale does).
+        experts.npudist_grad_scale = 1.0 / size
+        params.extend(experts.parameters(recurse=False))
     return params
 
 

@@ -2,11 +2,13 @@
 
 transformers (5.x) stores a sparse block's experts as one module with grouped weights, ``gate_up_proj
 [E, 2 * inter, hidden]`` and ``down_proj [E, hidden, inter]``, and picks that module's forward by name from
-its ``ExpertsInterface`` (``config._experts_implementation``: eager, grouped_mm, ...). ``apply_hf_ep``
-registers one more implementation there, ``npudist_ep`` (the interface's own registration API, a new key:
-other models keep theirs), switches this model to it with ``set_experts_implementation``, and shards the
-grouped weights over the ep ranks; the implementation sends every routing slot to the rank holding its
-expert with ``npudist.ep.AllToAllDispatch`` (all_to_all_single, uneven splits) and back. The router, the
+its ``ExpertsInterface`` (``config._experts_implementation``: eager, grouped_mm, ...).
+``prepare_expert_parallel`` (the spec's ``expert_parallel`` hook) registers one more implementation there,
+``npudist_ep`` (the interface's own registration API, a new key: other models keep theirs), switches this
+model to it with ``set_experts_implementation`` and hands the experts modules to ``npudist.ep.apply_ep``,
+which shards the grouped weights over the ep ranks and gives each module its dispatcher; the implementation
+sends every routing slot to the rank holding its expert with ``npudist.ep.AllToAllDispatch``
+(all_to_all_single, uneven splits) and back. The router, the
 shared expert and everything else stay the HF model's own code.
 """
 from __future__ import annotations
@@ -81,28 +83,17 @@ def register_implementation() -> None:
         ExpertsInterface.register(IMPLEMENTATION, ep_experts_forward)
 
 
-def apply_hf_ep(model: nn.Module, ep_mesh) -> list[nn.Parameter]:
-    """Split the experts of every sparse block of an ``HFCausalLM`` (or pipeline stage of it) over the 1-D
-    ``ep_mesh`` and route tokens to them by all-to-all; returns the expert parameters (left out of FSDP)."""
-    from npudist.ep import AllToAllDispatch, shard_expert_weights
+def prepare_expert_parallel(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Switch an ``HFCausalLM`` (or pipeline stage of it) to the ``npudist_ep`` experts implementation and
+    return its grouped-experts modules, for ``npudist.ep.apply_ep`` to shard (their ``[E, ...]`` weights) and
+    to give a dispatcher (``npudist_dispatch``) and gradient factor (``npudist_grad_scale``)."""
     found = hf_expert_modules(model)
     if not found:
         raise ValueError("parallel.ep_degree: this hf_causal_lm model has no grouped experts module (a "
                          "transformers MoE decoder such as qwen2_moe or mixtral has one per sparse block); set "
                          "parallel.ep_degree: 1")
-    group, size = ep_mesh.get_group(), ep_mesh.size()
-    params: list[nn.Parameter] = []
     for name, experts in found:
         _check_supported(name, experts)
-        if experts.num_experts % size:
-            raise ValueError(f"parallel.ep_degree: {experts.num_experts} experts cannot be split over {size} ep "
-                             "ranks")
-        shard_expert_weights(experts, ep_mesh)
-        experts.npudist_dispatch = AllToAllDispatch(group, experts.num_experts)
-        # Each ep rank's loss is a mean over its own tokens; the factor turns the sum over the ep ranks that
-        # fed this shard into their mean (as GroupedExperts.grad_scale does).
-        experts.npudist_grad_scale = 1.0 / size
-        params.extend(experts.parameters(recurse=False))
     register_implementation()
     model.model.set_experts_implementation(IMPLEMENTATION)
-    return params
+    return found

@@ -56,9 +56,9 @@ def hf_experts(cfg) -> int:
     return hf_expert_count(hf_config(cfg))
 
 
-def _expert_parallel(model, ep_mesh):
-    from .hf_moe import apply_hf_ep
-    return apply_hf_ep(model, ep_mesh)
+def _expert_parallel(model):
+    from .hf_moe import prepare_expert_parallel
+    return prepare_expert_parallel(model)
 
 
 def _build(cfg):

@@ -15,8 +15,10 @@ A ``ModelSpec`` (torchtitan's TrainSpec is the model) bundles
 * ``supports_context_parallel``: whether the model runs on a sequence shard (``npudist.cp``);
 * ``experts(model_cfg) -> int``: the number of routed experts per MoE layer (None or 0: a dense model), which
   ``parallel.ep_degree`` splits (``npudist.ep``);
-* ``expert_parallel(model, ep_mesh) -> [expert params]``: splits the model's experts over the ep mesh and
-  routes tokens to them (None: ``npudist.ep.apply_ep``, for ``npudist.models.moe`` layers);
+* ``expert_parallel(model) -> [(name, experts module)]``: readies the model's own grouped-experts modules
+  for ``npudist.ep.apply_ep``, which shards their ``[n_experts, ...]`` weights over ep and gives each a
+  dispatcher (``npudist_dispatch``) and gradient factor (``npudist_grad_scale``) that their forward uses
+  (None: the ``npudist.models.moe`` layers);
 * ``config_cls``: the dataclass of the plan's ``model`` section for this spec (None: ``ModelConfig``); a
   spec with fields of its own (``moe``: n_experts, top_k, ...) subclasses ``ModelConfig``.
 
