@@ -46,7 +46,16 @@ def run_ops(device: str) -> int:
     dist.all_to_all_single(out, torch.cat(rows[RANK]).to(device), output_split_sizes=[split(i, RANK) for i in range(WS)],
                            input_split_sizes=[split(RANK, j) for j in range(WS)])
     close(out, torch.cat([rows[i][RANK] for i in range(WS)]), f"all_to_all_single uneven on {device}")
-    return ops + 1
+    # A ring exchange as ring attention does it: larger than the p2p ring (1 MiB), so an npu send is read
+    # once, in place, by its receiver.
+    nxt, prv = (RANK + 1) % WS, (RANK - 1) % WS
+    got = torch.empty(N, device=device)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, xs[RANK].to(device), nxt),
+                                    dist.P2POp(dist.irecv, got, prv)])
+    for w in works:
+        w.wait()
+    close(got, xs[prv], f"ring isend/irecv on {device}")
+    return ops + 2
 
 
 @scenario

@@ -45,6 +45,7 @@ ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg
   peer_descs_.resize(size_);
   a2a_offsets_.resize(size_);
   peer_maps_.resize(size_);
+  p2p_maps_.resize(size_);
   zc_src_.resize(size_);
   zc_dst_.resize(size_);
   ctx_.abort_flag = &seg_->header()->aborted;

@@ -8,6 +8,7 @@
 // copy after.
 // Internal.
 #pragma once
+#include <atomic>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,6 +100,9 @@ class ShmEngineImpl final : public ShmEngine {
   bool all_shared() const;
   char* map_shared(int peer, const SharedBuffer& b);
   void unmap_all_shared();
+  // The same for p2p receives from `peer`: a cache only the thread receiving from `peer` touches.
+  const char* map_shared_p2p(int peer, const SharedBuffer& b);
+  bool send_zero_copy(const void* buf, size_t bytes, int peer, int tag, const WaitContext& ctx);
   void all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale);
   void reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale);
   void all_gather_zc(const void* in, void* out, size_t bytes);
@@ -125,12 +129,13 @@ class ShmEngineImpl final : public ShmEngine {
   bool direct_ok_ = false;  // every rank can read every peer's memory (agreed at connect)
   bool zc_ok_ = false;      // every rank has a shared resolver and can map peers' memfds (agreed at connect)
   size_t zc_bytes_;         // zero-copy from this many bytes (largest buffer of the op)
-  uint64_t zc_ops_ = 0;
+  std::atomic<uint64_t> zc_ops_{0};  // collectives (collective thread) and p2p receives (p2p threads)
   struct PeerMappings {
     uint64_t epoch = ~uint64_t(0);
     std::vector<std::pair<uint64_t, std::pair<char*, size_t>>> segs;  // segment id -> (base, size)
   };
   std::vector<PeerMappings> peer_maps_;
+  std::vector<PeerMappings> p2p_maps_;  // by sending peer; touched only by the thread receiving from it
   std::vector<const char*> zc_src_;
   std::vector<char*> zc_dst_;
   std::vector<char> zc_tmp_;

@@ -125,7 +125,8 @@ class ShmEngine {
   // Makes every pending and future wait of every local rank fail with kAborted. Safe from any thread.
   virtual void abort(const std::string& reason) = 0;
 
-  // How many collectives ran zero-copy so far (see CommConfig::shared_resolver; for tests and benchmarks).
+  // How many collectives and p2p receives ran zero-copy so far (see CommConfig::shared_resolver; p2p: messages
+  // larger than the ring whose send buffer is shareable). For tests and benchmarks.
   virtual uint64_t zero_copy_ops() const { return 0; }
 };
 

@@ -2,10 +2,15 @@
 // last chunk is in the ring, so messages up to one chunk complete without the receiver (both sides may
 // send first). Each chunk carries (tag, message size, index): a receive that does not match the next
 // message from that peer fails with kMismatch and leaves the message for a matching receive.
+// Zero-copy: a message larger than the whole ring (so its send waits for the receiver anyway) whose buffer
+// lives in shareable memory (npu tensors) is not copied through the ring: the sender posts where it lives
+// in place of a chunk, the receiver maps it and copies it once into its own buffer, and the sender returns
+// when the receiver acknowledges.
 #include <algorithm>
 #include <cstring>
 
 #include "comm.h"
+#include "memops.h"
 
 namespace npudist::hccl::detail {
 namespace {
@@ -53,6 +58,7 @@ void ShmEngineImpl::send(const void* buf, size_t bytes, int peer, int tag) {
   const std::string what = "send of " + std::to_string(bytes) + " bytes (tag " + std::to_string(tag) +
                            ") to rank " + std::to_string(global_rank(peer));
   WaitContext ctx = p2p_context(peer, what);
+  if (nchunks > 2 && send_zero_copy(buf, bytes, peer, tag, ctx)) return;
   uint64_t idx = c->sent.value.load(std::memory_order_relaxed);  // only this sender writes it
   for (size_t k = 0; k < nchunks; ++k, ++idx) {
     // Half idx%2 was last used by chunk idx-2; the receiver acknowledged it by posting acked >= idx-1.
@@ -60,9 +66,22 @@ void ShmEngineImpl::send(const void* buf, size_t bytes, int peer, int tag) {
     const size_t off = k * half;
     const size_t len = std::min(half, bytes - std::min(bytes, off));
     if (len) std::memcpy(data + (idx & 1) * half, static_cast<const char*>(buf) + off, len);
-    c->meta[idx & 1] = ChunkMeta{tag, bytes, k, len};
+    c->meta[idx & 1] = ChunkMeta{tag, bytes, k, len, 0, SharedBuffer{}};
     c->sent.post(idx + 1);
   }
+}
+
+// Only when every rank can map its peers' memory (agreed at connect) and `buf` is shareable.
+bool ShmEngineImpl::send_zero_copy(const void* buf, size_t bytes, int peer, int tag, const WaitContext& ctx) {
+  SharedBuffer where;
+  if (!zc_ok_ || !cfg_.shared_resolver || !cfg_.shared_resolver(buf, bytes, &where)) return false;
+  ChanCtl* c = seg_->chan(rank_, peer);
+  const uint64_t idx = c->sent.value.load(std::memory_order_relaxed);
+  if (idx >= 2) wait_at_least(c->acked, idx - 1, peer, ctx);
+  c->meta[idx & 1] = ChunkMeta{tag, bytes, 0, 0, 1, where};
+  c->sent.post(idx + 1);
+  wait_at_least(c->acked, idx + 1, peer, ctx);  // the receiver has copied it: `buf` may change again
+  return true;
 }
 
 void ShmEngineImpl::recv(void* buf, size_t bytes, int peer, int tag) {
@@ -88,6 +107,14 @@ void ShmEngineImpl::recv(void* buf, size_t bytes, int peer, int tag) {
                             std::to_string(m.msg_bytes) + " bytes with tag " + std::to_string(m.tag) +
                             " (messages between two ranks are matched in order; sizes and tags must agree)",
                         {global_rank(peer)});
+    }
+    if (m.zero_copy) {
+      const bool stream = bytes >= stream_bytes_;
+      copy_out(buf, map_shared_p2p(peer, m.shared), bytes, stream);
+      if (stream) stream_fence();
+      ++zc_ops_;
+      c->acked.post(idx + 1);
+      return;
     }
     if (m.chunk_bytes) std::memcpy(static_cast<char*>(buf) + k * half, data + (idx & 1) * half, m.chunk_bytes);
     c->acked.post(idx + 1);

@@ -58,6 +58,8 @@ struct ChunkMeta {
   uint64_t msg_bytes;
   uint64_t chunk;        // index of this chunk within its message
   uint64_t chunk_bytes;
+  uint64_t zero_copy;    // 1: no data in the ring; the receiver copies the message from `shared` (p2p.cpp)
+  SharedBuffer shared;
 };
 
 // One direction of a p2p pair: the sender posts `sent` (chunks), the receiver posts `acked`.

@@ -49,21 +49,23 @@ bool ShmEngineImpl::all_shared() const {
   return true;
 }
 
-char* ShmEngineImpl::map_shared(int peer, const SharedBuffer& b) {
-  PeerMappings& m = peer_maps_[peer];
-  if (m.epoch != b.epoch) {
+namespace {
+
+// Maps `b` of process `pid` through the cache `m` (segment id -> mapping); nullptr and errno on failure.
+char* map_cached(std::vector<std::pair<uint64_t, std::pair<char*, size_t>>>& segs, uint64_t& epoch, pid_t pid,
+                 const SharedBuffer& b, std::string* path) {
+  if (epoch != b.epoch) {
     // The peer released segments since we last looked: drop every mapping so none keeps freed memory alive.
-    for (auto& s : m.segs) munmap(s.second.first, s.second.second);
-    m.segs.clear();
-    m.epoch = b.epoch;
+    for (auto& s : segs) munmap(s.second.first, s.second.second);
+    segs.clear();
+    epoch = b.epoch;
   }
-  for (auto& s : m.segs) {
+  for (auto& s : segs) {
     if (s.first == b.segment_id) return s.second.first + b.offset;
   }
-  const pid_t pid = seg_->ctl(peer)->proc.pid;
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(b.fd);
+  *path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(b.fd);
   void* p = MAP_FAILED;
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  int fd = open(path->c_str(), O_RDWR | O_CLOEXEC);
   int err = errno;
   if (fd >= 0) {
     p = mmap(nullptr, b.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -71,23 +73,47 @@ char* ShmEngineImpl::map_shared(int peer, const SharedBuffer& b) {
     close(fd);
   }
   if (p == MAP_FAILED) {
-    // Peers already decided on zero-copy for this op: fail all of them now rather than let them time out.
-    std::string msg = "npudist engine: mapping rank " + std::to_string(global_rank(peer)) + "'s device memory (" +
-                      path + ", " + std::to_string(b.segment_size) + " bytes) failed in " + op_kind_name(cur_.kind) +
-                      ": " + std::strerror(err) + " (set NPUDIST_ENGINE_ZERO_COPY=0 on all ranks to use staging copies)";
-    abort(msg);
-    broken_ = EngineError(ErrorKind::kSystem, msg, {global_rank(peer)});
-    throw *broken_;
+    errno = err;
+    return nullptr;
   }
   madvise(p, b.segment_size, MADV_DONTFORK);
-  m.segs.push_back({b.segment_id, {static_cast<char*>(p), static_cast<size_t>(b.segment_size)}});
+  segs.push_back({b.segment_id, {static_cast<char*>(p), static_cast<size_t>(b.segment_size)}});
   return static_cast<char*>(p) + b.offset;
 }
 
+}  // namespace
+
+char* ShmEngineImpl::map_shared(int peer, const SharedBuffer& b) {
+  PeerMappings& m = peer_maps_[peer];
+  std::string path;
+  if (char* p = map_cached(m.segs, m.epoch, seg_->ctl(peer)->proc.pid, b, &path)) return p;
+  // Peers already decided on zero-copy for this op: fail all of them now rather than let them time out.
+  std::string msg = "npudist engine: mapping rank " + std::to_string(global_rank(peer)) + "'s device memory (" +
+                    path + ", " + std::to_string(b.segment_size) + " bytes) failed in " + op_kind_name(cur_.kind) +
+                    ": " + std::strerror(errno) + " (set NPUDIST_ENGINE_ZERO_COPY=0 on all ranks to use staging copies)";
+  abort(msg);
+  broken_ = EngineError(ErrorKind::kSystem, msg, {global_rank(peer)});
+  throw *broken_;
+}
+
+const char* ShmEngineImpl::map_shared_p2p(int peer, const SharedBuffer& b) {
+  PeerMappings& m = p2p_maps_[peer];
+  std::string path;
+  if (char* p = map_cached(m.segs, m.epoch, seg_->ctl(peer)->proc.pid, b, &path)) return p;
+  // The sender waits for this receive's acknowledgement: abort so it fails now instead of timing out.
+  std::string msg = "npudist engine: mapping rank " + std::to_string(global_rank(peer)) + "'s device memory (" +
+                    path + ", " + std::to_string(b.segment_size) + " bytes) for a recv failed: " +
+                    std::strerror(errno) + " (set NPUDIST_ENGINE_ZERO_COPY=0 on all ranks to copy through the ring)";
+  abort(msg);
+  throw EngineError(ErrorKind::kSystem, msg, {global_rank(peer)});
+}
+
 void ShmEngineImpl::unmap_all_shared() {
-  for (auto& m : peer_maps_) {
-    for (auto& s : m.segs) munmap(s.second.first, s.second.second);
-    m.segs.clear();
+  for (auto* maps : {&peer_maps_, &p2p_maps_}) {
+    for (auto& m : *maps) {
+      for (auto& s : m.segs) munmap(s.second.first, s.second.second);
+      m.segs.clear();
+    }
   }
 }
 
