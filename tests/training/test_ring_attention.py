@@ -22,9 +22,14 @@ def test_ring_attention_overlaps_the_block_exchange_with_attention(tmp_path):
         res = torch.load(f"{out}.{rank}")
         for name, err in res["errors"].items():
             assert err < 1e-5, f"rank {rank}: {name} differs from full causal attention by {err}"
-        # Forward: the other rank's block is requested before attending to the own block and waited for after;
-        # backward: the own block's key/value gradient share arrives while the own block's backward runs.
-        assert res["order"] == [
-            "ring_attention.exchange", "attention", "ring_attention.wait", "attention",
-            "attention_backward", "ring_attention.exchange", "attention_backward", "ring_attention.wait",
-        ], f"rank {rank}: {res['order']}"
+        assert res["order"] == issued_order(2), f"rank {rank}: {res['order']}"
+
+
+def issued_order(n: int) -> list[str]:
+    """What a cp-n ring issues: forward, each transfer of the next block before the current block's attention
+    and its wait after it; backward, each step's transfer of the key/value gradient accumulator before that
+    step's attention backward and its wait after it."""
+    forward = ["ring_attention.exchange", "attention", "ring_attention.wait"] * (n - 1) + ["attention"]
+    backward = ["attention_backward"] + ["ring_attention.exchange", "attention_backward",
+                                         "ring_attention.wait"] * (n - 1)
+    return forward + backward
