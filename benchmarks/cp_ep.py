@@ -4,6 +4,7 @@
     python benchmarks/cp_ep.py memory     # CP: peak npu memory of rank 0, cp 1 vs cp 2 (ring, Ulysses)
     python benchmarks/cp_ep.py moe        # MoE training step (ep 2 on 2 ranks): npu+hccl vs cpu+gloo
     python benchmarks/cp_ep.py ring       # ring attention fwd+bwd on 2 ranks: overlapped vs serial exchange
+    python benchmarks/cp_ep.py ep-tp      # MoE on 4 ranks: ep 2 x FSDP 4 vs ep 2 x FSDP 2 x TP 2
 
 ``memory`` trains examples/plans/long_seq_cp.yaml at ``--seq-len`` (one sequence per step, no data
 parallelism) on 1 rank (cp 1) and on 2 ranks (cp 2, ring and Ulysses) and reports the median over the steps
@@ -13,7 +14,9 @@ buffers, activations). ``moe`` trains examples/plans/moe_ep.yaml on 2 ranks (dp_
 ``ring`` runs npudist.cp's ring attention (forward + backward, one [1, heads, seq/2, 64] shard per rank) under
 ``npurun --nproc 2`` on npu + hccl, alternating between the ring as it is (each block's send/recv in flight
 during the current block's attention) and the same ring waiting for every transfer right after issuing it,
-and reports the median time per forward + backward of each.
+and reports the median time per forward + backward of each. ``ep-tp`` trains moe_ep.yaml (dp_shard 4, ep 2)
+and moe_ep_tp.yaml (dp_shard 2 x tp 2, ep 2, sequence parallel) on 4 ranks, alternating, and reports the
+median step time and rank 0's peak npu memory of each.
 """
 from __future__ import annotations
 
@@ -75,6 +78,20 @@ def moe(args) -> None:
     print(f"  npu+hccl {npu:.3f} s   cpu+gloo {cpu:.3f} s   npu speed-up {cpu / npu:.2f}x")
 
 
+def ep_tp(args) -> None:
+    common = ["--training.steps", str(args.steps)]
+    rows: dict[str, list[tuple[float, float, float]]] = {"moe_ep.yaml": [], "moe_ep_tp.yaml": []}
+    for _ in range(args.rounds):
+        for plan in rows:
+            records = train(4, plan, common)
+            rows[plan].append((steady(records, "step_time_s"), steady(records, "memory_peak_bytes"),
+                               records[-1]["loss"]))
+    print(f"moe model on 4 ranks, {args.steps} steps x {args.rounds} rounds (median after the first step):")
+    for plan, runs in rows.items():
+        print(f"  {plan:<15} step {statistics.median(r[0] for r in runs):.3f} s  peak of rank 0 "
+              f"{statistics.median(r[1] for r in runs) / 2**20:.1f} MiB  loss at the last step {runs[-1][2]:.4f}")
+
+
 def ring(args) -> None:
     cmd = [NPURUN, "--nproc", "2", os.path.abspath(__file__), "ring-worker", "--seq-len", str(args.seq_len),
            "--steps", str(args.steps), "--rounds", str(args.rounds), "--heads", str(args.heads)]
@@ -131,13 +148,13 @@ def ring_worker(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("memory", "moe", "ring", "ring-worker"))
+    ap.add_argument("what", choices=("memory", "moe", "ring", "ring-worker", "ep-tp"))
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    {"memory": memory, "moe": moe, "ring": ring, "ring-worker": ring_worker}[args.what](args)
+    {"memory": memory, "moe": moe, "ring": ring, "ring-worker": ring_worker, "ep-tp": ep_tp}[args.what](args)
 
 
 if __name__ == "__main__":
