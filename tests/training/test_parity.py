@@ -1,7 +1,7 @@
 """Numerical parity: every parallel layout trains exactly like a single device (fp32, >= 5 steps).
 
-Each layout is one spawned process group; the reference is a plain single-device PyTorch loop on the same
-model init, data and seed. Loss must match within 1e-5 relative at every step and every parameter within
+Each layout is one spawned process group, or (NPURUN_LAYOUTS) a plan file launched by npurun; the reference
+is a plain single-device PyTorch loop on the same model init, data and seed. Loss must match within 1e-5 relative at every step and every parameter within
 1e-5 after the last step. Gradient clipping is active (max_grad_norm below the gradient norm), so the global
 norm must also be right; gradient accumulation (2 micro-steps) runs in every layout.
 """
