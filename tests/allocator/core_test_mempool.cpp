@@ -224,7 +224,31 @@ void test_pool_use_on_oom_and_no_split() {
   n.a->free(y);
 }
 
-RegisterCoreTests reg({{"pool_isolation", test_pool_isolation},
+void test_pool_stream_reuse_and_pending_release() {
+  // Per-stream reuse and record_stream hold inside a pool as outside; empty_cache(pool) waits for markers.
+  Env e;
+  e.a->create_pool(0, kPool);
+  e.a->begin_allocate_to_pool(0, kPool, [](int64_t) { return true; });
+  void* p = e.a->malloc(0, 4096, 0);
+  e.a->record_stream(p, 5);
+  e.a->free(p);                         // pending until stream 5 passes the marker
+  void* q = e.a->malloc(0, 4096, 0);
+  CHECK(q != p);
+  e.a->end_allocate_to_pool(0, kPool);
+  e.a->free(q);
+  e.a->release_pool(0, kPool);
+  e.a->release_pool(0, kPool);          // count 0: nothing holds the pool any more
+  CHECK_EQ(cur(e.st().segment), 1);
+  int waits = e.hooks->waits;
+  e.a->empty_cache(kPool);
+  CHECK(e.hooks->waits > waits);
+  CHECK_EQ(cur(e.st().segment), 0);
+  CHECK_EQ(e.a->pool_use_count(0, kPool), 0);
+  CHECK(e.st().reserved_bytes_by_private_pools.empty());
+}
+
+RegisterCoreTests reg({{"pool_stream_reuse_and_pending_release", test_pool_stream_reuse_and_pending_release},
+                       {"pool_isolation", test_pool_isolation},
                        {"pool_release_and_empty_cache", test_pool_release_and_empty_cache},
                        {"pool_stats_and_errors", test_pool_stats_and_errors},
                        {"pool_thread_filter", test_pool_thread_filter},
