@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -177,10 +178,22 @@ class Fallback {
     // worker's own allocations (functional results) die on the worker (run_queued clears `call`).
     std::vector<c10::IValue> keep(call.begin(), call.end());
     if (out_op) call.reserve(call.size() + outs.size());  // the worker appends the outputs without reallocating
+    // The window's accounting (launch.h, LaunchCost); the first launches of a signature are timed on the
+    // worker to tell memory-bound from compute-bound kernels.
+    launch::LaunchCost cost{0, !inf->kernel_cost->compute_bound()};
+    for (const at::Tensor& o : outs) cost.bytes += static_cast<int64_t>(o.numel() * o.element_size());
+    std::shared_ptr<Inferred::KernelCost> sampled;
+    int64_t touched = 0;
+    if (inf->kernel_cost->sampling()) {
+      sampled = inf->kernel_cost;
+      touched = cost.bytes;
+      for (const at::Tensor& t : npu_args) touched += static_cast<int64_t>(t.numel() * t.element_size());
+    }
     launch::enqueue(device_, op_name(), [op = op_, out_op, call = std::move(call), keep = std::move(keep),
-                                         outs = std::move(outs), fresh = std::move(fresh)]() mutable {
-      run_queued(op, out_op, call, outs, fresh);
-    });
+                                         outs = std::move(outs), fresh = std::move(fresh),
+                                         sampled = std::move(sampled), touched]() mutable {
+      run_sampled(sampled, touched, op, out_op, call, outs, fresh);
+    }, cost);
     // Push the returns in schema order (lists rebuilt from the flattened results).
     size_t k = 0;
     for (int64_t n : inf->list_sizes) {
@@ -230,6 +243,28 @@ class Fallback {
       }
     }
     store_inferred(*key, std::move(checked));
+  }
+
+  // CPU time of the calling thread: unlike wall time, it does not count the time the thread was descheduled
+  // by the machine's other processes. A kernel's intra-op threads are not counted: it can only err towards
+  // "memory-bound", the safe side.
+  static int64_t thread_cpu_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+
+  // The queued kernel, timed while its signature is being sampled (Inferred::KernelCost).
+  static void run_sampled(const std::shared_ptr<Inferred::KernelCost>& kc, int64_t bytes,
+                          const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
+                          torch::jit::Stack& call, std::vector<at::Tensor>& outs, const std::vector<bool>& fresh) {
+    if (!kc) {
+      run_queued(op, out_op, call, outs, fresh);
+      return;
+    }
+    const int64_t t0 = thread_cpu_ns();
+    run_queued(op, out_op, call, outs, fresh);
+    kc->add_sample(thread_cpu_ns() - t0, bytes);
   }
 
   // The queued kernel (on the stream's worker).

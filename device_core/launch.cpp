@@ -31,7 +31,6 @@ bool env_true(const char* name) {
 }
 
 SiteHooks g_site;  // set once at module import, before any op
-constexpr int kDefaultQueueDepth = 32;
 std::atomic<uint64_t> g_queued{0}, g_sync{0}, g_meta{0};
 
 // The first kernel failure since the last report (CUDA reports the first asynchronous error too).
@@ -63,19 +62,53 @@ c10::impl::LocalDispatchKeySet worker_keys() {
   return keys;
 }
 
-// The launch window of one stream: kernels queued and not yet run (with their captured tensors released).
-// A launch that finds the window full waits until half of it ran. Why bound it at all: an unbounded queue
-// lets the host allocate every output far ahead of the kernel that writes it, while a queued kernel's
-// arguments and temporaries return to the caching allocator only after it ran. Blocks are then reused
-// long after they were last touched: a 256 KiB elementwise op measured 3x slower on the worker than run
-// blocking (BENCHMARKS.md), its output cold in cache. A short window keeps the host a few kernels ahead,
-// which is all the overlap there is to gain, and reuse close to the kernel that freed the block.
+// The launch window of one stream: what its queued kernels (not yet run) hold. Why bound it at all: a queued
+// kernel's arguments and outputs return to the caching allocator only after it ran (launch.h), so a host far
+// ahead holds memory a blocking program would already have reused, and reuses blocks long after their last
+// touch. That matters in two different ways, so the window has three limits:
+//  * bytes of cache-sensitive kernels (memory-bound ones, LaunchCost): a 256 KiB add ran 3x slower queued
+//    deep than run blocking, its output cold in cache. Their outputs may hold at most kCacheBytes, a cache's
+//    worth: the host stays close enough that blocks are reused while warm.
+//  * bytes in all: the outputs of compute-bound kernels (a matmul reads its operands many times; a cold output
+//    costs it little) may run far ahead, but not hold more than a share of the device (memory_budget()).
+//  * kernels: queue_depth(), the length of a device's launch queue.
+// A launch that would exceed a limit waits until the window has drained to half of every limit. A single
+// kernel larger than a byte limit still runs: it waits for the half-drained window, then enters.
+constexpr int kDefaultQueueDepth = 1024;
+constexpr int64_t kCacheBytes = 8 << 20;
+
 struct Window {
   std::atomic<int> inflight{0};
+  std::atomic<int64_t> bytes{0};        // output bytes held by queued kernels
+  std::atomic<int64_t> cache_bytes{0};  // the part held by cache-sensitive kernels
   std::atomic<int> waiters{0};
+  int64_t memory_budget = 0;            // set once, when the window is made
   std::mutex mu;
   std::condition_variable cv;
+
+  bool admits(const LaunchCost& c) const {
+    const int depth = queue_depth();
+    if (depth > 0 && inflight.load(std::memory_order_acquire) >= depth) return false;
+    if (c.bytes == 0) return true;
+    if (bytes.load(std::memory_order_acquire) + c.bytes > memory_budget) return false;
+    return !c.cache_sensitive || cache_bytes.load(std::memory_order_acquire) + c.bytes <= kCacheBytes;
+  }
+  bool half_drained() const {
+    const int depth = queue_depth();
+    return (depth <= 0 || inflight.load(std::memory_order_acquire) <= depth / 2) &&
+           bytes.load(std::memory_order_acquire) <= memory_budget / 2 &&
+           cache_bytes.load(std::memory_order_acquire) <= kCacheBytes / 2;
+  }
 };
+
+// A sixteenth of the device's capacity (NPUDIST_DEVICE_MEMORY): what queued kernels' outputs may hold.
+int64_t memory_budget(int device) {
+  NpudistDeviceProperties props{};
+  if (rt::api().get_device_properties(device, &props) != NPUDIST_SUCCESS || props.total_memory == 0) {
+    return int64_t{1} << 30;
+  }
+  return static_cast<int64_t>(props.total_memory / 16);
+}
 
 Window* window_for(int device, int64_t stream) {
   thread_local int last_device = -1;
@@ -88,7 +121,10 @@ Window* window_for(int device, int64_t stream) {
   {
     std::lock_guard<std::mutex> lk(mu);
     Window*& slot = (*windows)[(static_cast<int64_t>(device) << 32) ^ stream];
-    if (!slot) slot = new Window();
+    if (!slot) {
+      slot = new Window();
+      slot->memory_budget = memory_budget(device);
+    }
     w = slot;
   }
   last_device = device;
@@ -97,17 +133,17 @@ Window* window_for(int device, int64_t stream) {
   return w;
 }
 
-// Wait (Python GIL released) until at most `low` kernels of the window are queued.
-void wait_below(Window* w, int low) {
+// Wait (Python GIL released) until the window has drained to half of every limit.
+void wait_half_drained(Window* w) {
   for (int i = 0; i < 64; ++i) {
-    if (w->inflight.load(std::memory_order_acquire) <= low) return;
+    if (w->half_drained()) return;
     std::this_thread::yield();
   }
   void* token = g_site.block_begin ? g_site.block_begin() : nullptr;
   w->waiters.fetch_add(1);
   {
     std::unique_lock<std::mutex> lk(w->mu);
-    while (w->inflight.load(std::memory_order_acquire) > low) w->cv.wait_for(lk, std::chrono::milliseconds(1));
+    while (!w->half_drained()) w->cv.wait_for(lk, std::chrono::milliseconds(1));
   }
   w->waiters.fetch_sub(1);
   if (g_site.block_end) g_site.block_end(token);
@@ -126,6 +162,7 @@ struct Task {
   const char* op;
   void* site = nullptr;  // launch-site token (SiteHooks)
   Window* window = nullptr;
+  LaunchCost cost;
   c10::impl::LocalDispatchKeySet keys;
   bool grad_enabled;
 };
@@ -205,9 +242,14 @@ void run_task(void* arg) {
     record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), "unknown exception");
   }
   Window* w = t->window;
+  const LaunchCost cost = t->cost;
   retire(t.release());  // its captured tensors are released by the next launch or synchronization on the host
-  const int left = w->inflight.fetch_sub(1, std::memory_order_acq_rel) - 1;
-  if (w->waiters.load(std::memory_order_acquire) > 0 && left <= queue_depth() / 2) {
+  if (cost.bytes) {
+    w->bytes.fetch_sub(cost.bytes, std::memory_order_acq_rel);
+    if (cost.cache_sensitive) w->cache_bytes.fetch_sub(cost.bytes, std::memory_order_acq_rel);
+  }
+  w->inflight.fetch_sub(1, std::memory_order_acq_rel);
+  if (w->waiters.load(std::memory_order_acquire) > 0 && w->half_drained()) {
     std::lock_guard<std::mutex> lk(w->mu);
     w->cv.notify_all();
   }
@@ -298,19 +340,25 @@ void raise_queued_warnings() {
   if (dropped) TORCH_WARN(dropped, " more warnings of queued npu kernels were dropped");
 }
 
-void enqueue(int device, const char* op, std::function<void()> kernel) {
+void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost) {
   release_finished();
   raise_queued_warnings();
   auto task = std::make_unique<Task>(std::move(kernel), op);
   if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
   Window* w = window_for(device, stream);
-  const int depth = queue_depth();
-  if (depth > 0 && w->inflight.load(std::memory_order_acquire) >= depth) wait_below(w, depth / 2);
+  if (!w->admits(cost)) wait_half_drained(w);
   task->window = w;
-  w->inflight.fetch_add(1, std::memory_order_acq_rel);
+  task->cost = cost;
+  auto add = [&](int sign) {
+    w->inflight.fetch_add(sign, std::memory_order_acq_rel);
+    if (!cost.bytes) return;
+    w->bytes.fetch_add(sign * cost.bytes, std::memory_order_acq_rel);
+    if (cost.cache_sensitive) w->cache_bytes.fetch_add(sign * cost.bytes, std::memory_order_acq_rel);
+  };
+  add(1);
   const npudist_status st = rt::api().launch_host_func(device, stream, &run_task, task.get());
-  if (st != NPUDIST_SUCCESS) w->inflight.fetch_sub(1, std::memory_order_acq_rel);
+  if (st != NPUDIST_SUCCESS) add(-1);
   rt::check(st);
   task.release();
   g_queued.fetch_add(1, std::memory_order_relaxed);

@@ -18,12 +18,20 @@ bool blocking();
 // The C table of launch_c_api.h (one static instance).
 const NpudistLaunchApi* c_api();
 
+// What a queued kernel holds until it ran, for the launch window (launch.cpp): the bytes of the outputs
+// allocated for it, and whether it is cache-sensitive (memory-bound: its time is about that of streaming
+// its bytes, so a cold output slows it; a compute-bound kernel such as a large matmul is not).
+struct LaunchCost {
+  int64_t bytes = 0;
+  bool cache_sensitive = true;
+};
+
 // Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured stays
 // alive until the kernel ran and a launching thread called release_finished() (captured tensors keep their
 // memory alive until then). A kernel that
 // throws records an error naming `op` and the Python line that launched it; the next synchronization
 // point raises it.
-void enqueue(int device, const char* op, std::function<void()> kernel);
+void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost = {});
 
 // Block until `device`'s current stream ran everything queued on it, then raise a recorded kernel error.
 // Every host access to npu bytes outside a queued kernel calls this first. No-op in blocking mode.
@@ -58,7 +66,8 @@ struct SiteHooks {
 };
 
 // How many kernels a stream may hold queued before a launch waits for it to run half of them
-// (NPUDIST_LAUNCH_QUEUE_DEPTH; 0 = unbounded). Read once.
+// (NPUDIST_LAUNCH_QUEUE_DEPTH, default 1024; 0 = no limit on the count). Read once. The window's byte
+// limits (launch.cpp) apply whatever the depth.
 int queue_depth();
 void set_site_hooks(SiteHooks hooks);
 

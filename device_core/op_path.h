@@ -9,6 +9,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +65,29 @@ struct Inferred {
   };
   bool ok = false;         // false: run synchronously
   bool view = false;       // every output is a view of an argument: run at once, no data access
+  // Whether the signature's kernel is compute-bound: its outputs may then run far ahead of it in the launch
+  // window (launch::LaunchCost). Learnt from its first queued runs on the stream worker, timed in thread CPU
+  // time: compute-bound when even the fastest took over 4x what streaming its arguments and results at
+  // 10 bytes/ns (the order of one core's streaming bandwidth here, BENCHMARKS.md "Memory roofline") would.
+  // Until then, and for every memory-bound kernel, the window keeps outputs within a cache's worth of bytes.
+  // Shared by the copies of one signature's entry; a wrong guess costs only speed.
+  struct KernelCost {
+    static constexpr int kSamples = 4;
+    std::atomic<int> samples{0};
+    std::atomic<bool> compute{false};
+    std::atomic<int64_t> fastest_ns{INT64_MAX};
+    bool sampling() const { return samples.load(std::memory_order_relaxed) < kSamples; }
+    bool compute_bound() const { return compute.load(std::memory_order_relaxed); }
+    void add_sample(int64_t ns, int64_t bytes) {
+      int64_t prev = fastest_ns.load(std::memory_order_relaxed);
+      while (ns < prev && !fastest_ns.compare_exchange_weak(prev, ns, std::memory_order_relaxed)) {
+      }
+      const int64_t fastest = std::min(prev, ns);
+      compute.store(fastest > 4 * bytes / 10, std::memory_order_relaxed);
+      samples.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  std::shared_ptr<KernelCost> kernel_cost = std::make_shared<KernelCost>();
   // Set when every return is a new tensor (no lists) and the op's out= overload may write them directly:
   // a candidate after inference, kept only if the first call's check agreed (fallback.cpp, out_form_agrees).
   std::optional<c10::OperatorHandle> out_op;

@@ -249,6 +249,47 @@ print('ok')
     assert res.returncode != 0 and "NPUDIST_LAUNCH_QUEUE_DEPTH='many' is not a queue depth" in res.stderr, res.stderr[-3000:]
 
 
+def test_launch_window_limits_bytes_by_kind_of_kernel():
+    """The launch window counts the output bytes queued kernels hold (docs/device.md, "Launch window"): with the
+    stream held, memory-bound kernels (a 1 MiB add) queue only until their outputs fill the 8 MiB cache budget,
+    while compute-bound ones (1024x1024 matmuls, 4 MiB outputs; the kind is learnt from a signature's first
+    queued runs) queue until a sixteenth of the device's capacity (here 256 MiB / 16 = 16 MiB): 8 adds, then 4
+    matmuls, and the launching thread waits. Released, every result is right."""
+    code = """
+import threading, time, torch, npudist
+from npudist.device import kernel_queue
+from runtime_ext import HostGate
+torch.set_num_threads(1)
+x = torch.ones(256 * 1024, device='npu')
+a = torch.eye(1024, device='npu')
+for _ in range(5):  # the first run is synchronous; the next ones, queued, are timed to classify the kernel
+    x + 1, a @ a
+torch.npu.synchronize()
+def queued_before_wait(fn, n):
+    outs = []
+    with HostGate(0, 0) as gate:
+        kernel_queue.reset_launch_counts()
+        t = threading.Thread(target=lambda: outs.extend(fn() for _ in range(n)))
+        t.start()
+        time.sleep(0.5)
+        alive, queued = t.is_alive(), kernel_queue.launch_counts()['queued']
+        gate.open()
+        t.join(60)
+    assert not t.is_alive() and len(outs) == n
+    return alive, queued, outs
+alive, queued, outs = queued_before_wait(lambda: x + 1, 12)
+assert alive and queued == 8, (alive, queued)
+assert all(torch.equal(o.cpu(), torch.full((256 * 1024,), 2.0)) for o in outs)
+alive, queued, outs = queued_before_wait(lambda: a @ a, 6)
+assert alive and queued == 4, (alive, queued)
+assert all(torch.equal(o.cpu(), torch.eye(1024)) for o in outs)
+print('ok')
+"""
+    res = run_python(code, env={"NPUDIST_DEVICE_MEMORY": "256MiB", "ASCEND_LAUNCH_BLOCKING": "0",
+                                "NPUDIST_LAUNCH_BLOCKING": "0", "PYTHONPATH": "tests"}, timeout=180)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
 @needs_async
 def test_a_float_argument_that_changes_every_call_stays_queued():
     # Adam's addcdiv_ takes a new step size each step: after the first call of the signature, later calls with
