@@ -16,6 +16,8 @@ from npudist.plan import load_plan  # noqa: E402
 def main(plan_path: str, out_path: str) -> None:
     plan = load_plan(plan_path, world_size=int(os.environ["WORLD_SIZE"]))
     if plan.training.device == "npu":
+        import npudist
+        npudist.register()   # a no-op after `import torch` autoloaded it; needed with autoload off
         torch.npu.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(plan.training.resolved_backend)
     try:
