@@ -11,8 +11,8 @@ Built on ``torch.autograd.graph.saved_tensors_hooks`` (the mechanism of torch's 
 * backward prefetches: the first unpack of block k's tensors also starts the host-to-device copy of block
   k-1 (when it is swapped and ran just before k), so that copy overlaps k's backward; the compute stream waits
   on an event recorded after a block's copies before it reads them;
-* parameters (FSDP's unsharded parameters among them) are not copied: they stay referenced elsewhere, so a
-  host copy would free nothing; a tensor saved several times by one block is copied once;
+* parameters and views of them (FSDP's unsharded parameters among them) are not copied: they stay
+  referenced elsewhere, so a host copy would free nothing; a tensor saved several times by one block is copied once;
 * tensor subclasses that flatten into plain tensors (DTensor under tensor parallelism) are swapped by their
   inner tensors and rebuilt on unpack.
 
@@ -98,7 +98,10 @@ class ActivationSwap:
     @torch.no_grad()
     def _pack(self, t: torch.Tensor):
         group = self._group
-        if group is None or isinstance(t, nn.Parameter) or t.device != self.device:
+        # A parameter, or a view of one (linear saves weight.t()), stays referenced by its module: copying it
+        # would free nothing.
+        base = t._base if t._base is not None else t
+        if group is None or isinstance(base, nn.Parameter) or t.device != self.device:
             return t
         key = id(t)
         hit = group.seen.get(key)
@@ -123,6 +126,7 @@ class ActivationSwap:
         saved = _Saved(host, group)
         group.saved.append(weakref.ref(saved))
         group.outgoing.append((saved, t))
+        group.fetched = False   # saved after a fetch (a backward inside the block's forward): fetch again
         return saved
 
     def _swap_out(self, group: _Group) -> None:
@@ -167,8 +171,10 @@ class ActivationSwap:
         if group.fetched:
             return
         group.fetched = True
+        self._swap_out(group)   # a backward inside the block's own forward comes before its swap-out
         self._release_finished()
-        live = [saved for saved in (ref() for ref in group.saved) if saved is not None]   # None: graph freed
+        # None: its graph was freed; no host copy: fetched before
+        live = [saved for saved in (ref() for ref in group.saved) if saved is not None and saved.host is not None]
         # The destinations come from the compute stream's pool: blocks cached for the side stream would be
         # unusable by compute work and fragment a tight device. The side stream waits for the compute
         # stream's earlier users of those blocks before it writes them.
@@ -189,11 +195,6 @@ class ActivationSwap:
         """Drop the pinned buffers whose host-to-device copies have completed."""
         while self._pending and self._pending[0][0].query():
             self._pending.popleft()
-
-    def synchronize(self) -> None:
-        """Wait for every queued swap copy and release their pinned buffers."""
-        self.stream.synchronize()
-        self._pending.clear()
 
 
 def apply_activation_swap(model: nn.Module, blocks: list[str], chosen: set[int]) -> ActivationSwap | None:
