@@ -190,10 +190,16 @@ def check_plan(source, world_size: int | None = None, overrides=()) -> tuple[Pla
 
 def report_dict(plan: Plan, degrees: ParallelDegrees) -> dict:
     """Machine-readable form of the report (``npudist plan check --json``)."""
+    from .levers import memory_levers
+    estimates = estimate_all(plan, degrees)
+    busiest = max(estimates, key=lambda e: e.device_bytes)
     return {
         "world_size": degrees.world_size,
         "mesh": degrees.active_dims(),
         "degrees": degrees.sizes(),
         "plan": dataclasses.asdict(plan),
-        "ranks": [dict(dataclasses.asdict(e), device_bytes=e.device_bytes) for e in estimate_all(plan, degrees)],
+        "ranks": [dict(dataclasses.asdict(e), device_bytes=e.device_bytes) for e in estimates],
+        # the levers the plan does not use yet and the device bytes each saves on its busiest rank
+        "levers": {"rank": busiest.rank,
+                   "levers": [dataclasses.asdict(lv) for lv in memory_levers(plan, degrees, busiest.rank)]},
     }

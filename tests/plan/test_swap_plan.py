@@ -116,3 +116,12 @@ def test_oom_note_names_each_lever_with_bytes():
     everything.parallel.activation_checkpoint.mode = "full"
     everything.memory.swap.optimizer_state = True
     assert "none left in the plan" in oom_note(everything, 0, None)
+
+
+def test_json_report_lists_the_levers():
+    from npudist.plan.check import report_dict
+    plan = plan_with()
+    levers = report_dict(plan, plan.parallel.degrees())["levers"]
+    assert levers["rank"] == 0
+    assert {lv["name"] for lv in levers["levers"]} >= {"activation swap", "optimizer-state swap"}
+    assert all(lv["saved"] > 0 and lv["setting"] for lv in levers["levers"])
