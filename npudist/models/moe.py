@@ -11,9 +11,10 @@ Every block from ``n_dense_layers`` on replaces the SwiGLU feed-forward with ``M
   (the forward value is untouched, so the training loss and the loss function stay those of the dense model).
 
 Tokens reach their experts through a dispatcher: ``LocalDispatch`` here, the all-to-all of
-``npudist.ep.AllToAllDispatch`` under expert parallelism. Under tensor parallelism with sequence parallelism
-(``npudist.models.tp_plan``) each tp rank routes only the tokens of its sequence shard (``token_group``):
-router and experts are replicated over tp, so their gradients are summed over the tp group (``SumGradOver``). Per-expert token counts of the routing are kept
+``npudist.ep.AllToAllDispatch`` under expert parallelism. Under tensor parallelism (``npudist.models.tp_plan``)
+each tp rank routes only 1/tp of every sequence (``token_group``; ``token_split`` cuts it out of a replicated
+sequence and gathers the result back): router and experts are replicated over tp, so their gradients are
+summed over the tp group (``SumGradOver``). Per-expert token counts of the routing are kept
 in ``tokens_per_expert`` (summed until read by ``take_expert_load``).
 """
 from __future__ import annotations
@@ -177,12 +178,14 @@ class MoE(nn.Module):
         self.dispatcher = LocalDispatch()
         self.seq_group = None          # the cp (or, with sequence parallel TP, tp) group: sequence shards
         self.token_group = None        # the tp group: ranks routing different tokens with the same router
+        self.token_split = None        # TP without sequence parallel: cuts this rank's tokens out and back in
         self.aux_grad_scale = 1.0      # 1/tp under TP: every tp rank backpropagates the same aux loss
         self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bs, seqlen, dim = x.shape
-        tokens = x.reshape(-1, dim)
+        routed_x = x if self.token_split is None else self.token_split.scatter(x)
+        bs, seqlen, dim = routed_x.shape
+        tokens = routed_x.reshape(-1, dim)
         weights, experts, scores = self.router(tokens, self.token_group)
         flat = experts.reshape(-1)
         counts = torch.bincount(flat, minlength=self.n_experts)
@@ -195,6 +198,8 @@ class MoE(nn.Module):
         unsorted = torch.empty_like(routed).index_copy(0, order, routed)
         out = (unsorted.view(-1, self.top_k, dim) * weights.unsqueeze(-1).to(unsorted.dtype)).sum(1)
         out = out.view(bs, seqlen, dim)
+        if self.token_split is not None:
+            out = self.token_split.gather(out)
         if self.shared_expert is not None:
             out = out + self.shared_expert(x)
         if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():

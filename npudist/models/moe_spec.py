@@ -120,9 +120,6 @@ def check_moe(cfg, parallel) -> list[str]:
         if hidden % tp:
             errors.append(f"model.moe_hidden_dim: the shared expert's width {hidden} (moe_hidden_dim x "
                           f"n_shared_experts) is not divisible by parallel.tp_degree={tp}")
-        if not parallel.tp.sequence_parallel:
-            errors.append("parallel.tp.sequence_parallel: the moe model under tensor parallelism routes each tp "
-                          "rank's sequence shard; set it to true")
         if parallel.tp.plan is not None:
             errors.append("parallel.tp.plan: the moe model runs only its built-in TP plan (its MoE layers route "
                           "sequence shards, which plan patterns cannot express); remove parallel.tp.plan")

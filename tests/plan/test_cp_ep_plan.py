@@ -127,14 +127,14 @@ def test_check_report_and_memory_estimate():
     assert cp2.activation_bytes < 0.6 * cp1.activation_bytes   # each rank holds half of every sequence
 
 
-def test_moe_under_tp_needs_sequence_parallel_and_its_own_plan():
+def test_moe_under_tp_needs_its_own_plan_and_a_divisible_shared_expert():
     base = {"model": {**MOE, "moe_hidden_dim": 15}, "data": {"seq_len": 32}}
     errs = errors_of({**base, "parallel": {"tp_degree": 2, "ep_degree": 2, "tp": {"plan": {"output": "colwise"}}}},
                      world_size=4)
-    assert len(errs) == 3, errs
+    assert len(errs) == 2, errs
     assert errs[0].startswith("model.moe_hidden_dim: the shared expert's width 15")
-    assert errs[1].startswith("parallel.tp.sequence_parallel: the moe model under tensor parallelism routes")
-    assert errs[2].startswith("parallel.tp.plan: the moe model runs only its built-in TP plan")
+    assert errs[1].startswith("parallel.tp.plan: the moe model runs only its built-in TP plan")
+    load_plan({"model": MOE, "data": {"seq_len": 32}, "parallel": {"tp_degree": 2, "ep_degree": 2}}, world_size=4)
 
 
 def test_check_report_shows_the_moe_tp_groups():
