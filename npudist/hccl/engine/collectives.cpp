@@ -87,7 +87,7 @@ void ShmEngineImpl::reduce_one_shot(const void* in, void* out, size_t count, Dat
 void ShmEngineImpl::reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                        int root, double scale) {
   const size_t es = element_size(t);
-  const size_t seg_max = segment_elems(pipe_bytes_, size_, es);
+  const size_t seg_max = segment_elems(reduce_pipe_bytes_, size_, es);
   const size_t align = std::max<size_t>(64 / es, 1);
   const size_t chunk_max = seg_max * size_;
   const bool gather_here = root < 0 || root == rank_;
@@ -195,7 +195,7 @@ void ShmEngineImpl::reduce_scatter(const void* in, void* out, size_t count, Data
     sync();
     if (all_shared()) return reduce_scatter_zc(in, out, count, t, op, scale);
   }
-  const size_t piece = segment_elems(rs_pipe_bytes_, size_, es);
+  const size_t piece = segment_elems(reduce_pipe_bytes_, size_, es);
   size_t off = 0;
   do {
     const size_t len = std::min(piece, count - off);

@@ -32,9 +32,10 @@ ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg
   half_ = seg_->buffer_bytes() / 2;
   // Small pipeline steps keep the staging data in cache; tunable for experiments.
   pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_CHUNK_KB", 256 * 1024));
-  // reduce_scatter syncs every rank once per step and its steps are short (copy n-1 blocks, reduce one), so
-  // the syncs dominate at 256 KiB; 1 MiB steps still stay in L2/L3 (A/B in BENCHMARKS.md, "Collectives").
-  rs_pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_RS_CHUNK_KB", 1024 * 1024));
+  // Reductions sync every rank once or twice per step while each rank's share of a step is short work
+  // (copy n-1 segments, reduce one), so the syncs dominate at 256 KiB, the more so with more ranks than
+  // cores; 1 MiB steps still stay in L2/L3 (A/B in BENCHMARKS.md, "Collectives").
+  reduce_pipe_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_REDUCE_CHUNK_KB", 1024 * 1024));
   one_shot_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_ONESHOT_KB", 64 * 1024));
   stream_bytes_ = env_kib("NPUDIST_ENGINE_STREAM_KB", 4096 * 1024);
   direct_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_KB", 512 * 1024);

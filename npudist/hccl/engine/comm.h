@@ -121,7 +121,7 @@ class ShmEngineImpl final : public ShmEngine {
   int rank_, size_;
   size_t half_;           // bytes of one half of a staging slot
   size_t pipe_bytes_;     // bytes moved per rank per pipelined step (<= half_)
-  size_t rs_pipe_bytes_;  // the same for reduce_scatter (<= half_)
+  size_t reduce_pipe_bytes_;  // the same for all_reduce, reduce and reduce_scatter (<= half_)
   size_t one_shot_bytes_; // all_reduce/reduce up to this size use the one-shot algorithm
   size_t stream_bytes_;   // ops whose output is at least this large write it with streaming stores
   size_t direct_bytes_;   // data-movement ops in [direct_bytes_, direct_max_bytes_) use direct mode
