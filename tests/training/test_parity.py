@@ -53,9 +53,9 @@ LAYOUTS = {
     "ep2_fsdp2": (4, dict(dp_shard=4, ep=2, model=MOE)),
     # Both on one sequence: ep borrows the cp ranks; the balance loss sums its statistics over cp.
     "cp2_ep2": (2, dict(cp=2, ep=2, cp_method="ulysses", model=MOE)),
-    # The moe model's TP plan without sequence parallel: each tp rank cuts its half of every sequence out of
-    # the replicated activations, routes it, and all-gathers the result.
-    "ep2_tp2_replicated_seq": (4, dict(dp_shard=2, tp=2, ep=2, model=MOE)),
+    # The moe model's TP plan without sequence parallel (ep 1, 2 ranks): each tp rank cuts its half of every
+    # sequence out of the replicated activations, routes it to all experts, and all-gathers the result.
+    "tp2_moe": (2, dict(tp=2, model=MOE)),
 }
 MAX_RANKS = int(os.environ.get("NPUDIST_TEST_MAX_RANKS", "4"))
 
