@@ -33,9 +33,9 @@ from npudist.fsdp import apply_activation_checkpointing, apply_fsdp
 from npudist.loss import cross_entropy_loss, loss_context
 from npudist.mesh import get_cp_mesh, get_dp_mesh, get_ep_mesh, get_fsdp_mesh, get_pp_mesh, get_submesh, get_tp_mesh
 from npudist.models import get_model_spec, model_layout
+from npudist.plan.swap_rules import resolve_swap_blocks
 from npudist.pp import build_pipeline
 from npudist.swap.activations import apply_activation_swap
-from npudist.plan.swap_rules import resolve_swap_blocks
 from npudist.tp import apply_tp
 
 

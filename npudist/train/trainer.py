@@ -21,13 +21,13 @@ from npudist.data import TextDataset, default_corpus_path
 from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
 from npudist.models import build_model
 from npudist.parallelize import parallelize
+from npudist.swap.oom import oom_note
+from npudist.swap.optimizer_state import OptimizerStateSwap
 from npudist.train.checkpoint import Checkpointer
 from npudist.train.metrics import MetricsLogger, reset_peak_memory
 from npudist.train.optim import build_lr_scheduler, build_optimizer
 from npudist.train.seed import set_seed
 from npudist.train.step import NonFiniteLossError, train_step
-from npudist.swap.oom import oom_note
-from npudist.swap.optimizer_state import OptimizerStateSwap
 
 
 @dataclass
