@@ -41,7 +41,7 @@ class OptimizerStateSwap:
         self.optimizer, self.device = optimizer, device
         self.device_module = getattr(torch, device.type)
         self.stream = self.device_module.Stream(device=device)
-        self._host: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(storage owner) -> (tensor, pinned)
+        self._host: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(state tensor) -> (it, its pinned copy)
         self._out = False                                              # state currently on the host
         self._handles = [optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.bring_in()),
                          optimizer.register_step_post_hook(lambda opt, args, kwargs: self.send_out())]
@@ -63,12 +63,16 @@ class OptimizerStateSwap:
         if self._out:
             return
         self.stream.wait_stream(self.device_module.current_stream(self.device))
+        # Rebuilt every time: a state replaced since (load_state_dict) must not keep its old tensors.
+        host = {}
         with self.device_module.stream(self.stream):
             for t in self._state_tensors():
                 entry = self._host.get(id(t))
                 if entry is None or entry[0] is not t:
-                    entry = self._host[id(t)] = (t, torch.empty_like(t, device="cpu", pin_memory=True))
+                    entry = (t, torch.empty_like(t, device="cpu", pin_memory=True))
+                host[id(t)] = entry
                 entry[1].copy_(t, non_blocking=True)
+        self._host = host
         for t, _ in self._host.values():
             t.record_stream(self.stream)
             t.untyped_storage().resize_(0)
