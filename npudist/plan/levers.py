@@ -57,7 +57,9 @@ def memory_levers(plan: Plan, degrees: ParallelDegrees, rank: int) -> list[Lever
         def checkpoint_all(p):
             p.parallel.activation_checkpoint.mode = "full"
             p.memory.swap.activations.blocks = []
-        levers.append(("activation checkpointing", "parallel.activation_checkpoint.mode: full",
+        instead = (" with memory.swap.activations.blocks: [] (a block is checkpointed or swapped, not both)"
+                   if swapped else "")
+        levers.append(("activation checkpointing", "parallel.activation_checkpoint.mode: full" + instead,
                        _with(plan, checkpoint_all)))
     if not plan.memory.swap.optimizer_state and not plan.parallel.fsdp.cpu_offload:
         def swap_state(p):
