@@ -71,6 +71,9 @@ def main() -> None:
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="npudist_swap_bench_")
     load_before = os.getloadavg()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    started = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
 
     code, err, records = launch(workdir, "noswap_small", SMALL, "[]", "false", 2, args.nproc)
     oom_line = next((ln.split("]: ", 1)[-1] for ln in err.splitlines() if "NPU out of memory" in ln), None)
@@ -97,11 +100,9 @@ def main() -> None:
     reference = losses["noswap@large"][0]
     equal = all(run == reference for runs in losses.values() for run in runs)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
     base = statistics.median(times["noswap@large"])
     print(f"command: python benchmarks/swap.py --rounds {args.rounds} --steps {args.steps} --nproc {args.nproc}")
-    print(f"commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average before "
+    print(f"commit {commit}, started {started}, load average before "
           f"{load_before[0]:.2f} / after {os.getloadavg()[0]:.2f}, {elapsed:.0f} s of rounds")
     print(f"no swap on {SMALL // MiB} MiB: {oom_line[:160]}...")
     print()
