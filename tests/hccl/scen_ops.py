@@ -99,7 +99,18 @@ def check_other_collectives(device: str, n: int, group=None, ranks=None) -> int:
         dist.all_to_all(outs, [r.to(device) for r in rows[me]], group=group)
         for i in range(ws):
             close(outs[i], rows[i][me], f"all_to_all {dtype} from {i}")
-        checks += 2
+        # all_gather / reduce_scatter (list forms) with a different size per rank, as NCCL allows:
+        # rank r contributes (and receives) split(r, r) rows
+        outs = [torch.empty(split(i, i), 2, dtype=dtype, device=device) for i in range(ws)]
+        dist.all_gather(outs, rows[me][me].to(device), group=group)
+        for i in range(ws):
+            close(outs[i], rows[i][i], f"uneven all_gather {dtype} from {i}")
+        ins = [make(me, 2 * split(j, j), dtype, salt=17 + j).view(-1, 2).to(device) for j in range(ws)]
+        out = torch.empty(split(me, me), 2, dtype=dtype, device=device)
+        dist.reduce_scatter(out, ins, op=R.SUM, group=group)
+        want = reference([make(i, 2 * split(me, me), dtype, salt=17 + me) for i in range(ws)], R.SUM)
+        close(out, want.view(-1, 2), f"uneven reduce_scatter {dtype}")
+        checks += 4
     return checks
 
 

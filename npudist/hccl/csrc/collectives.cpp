@@ -188,19 +188,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(
   auto outs = outputs[0];
   TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size_, "hccl all_gather: output list has ",
                     outs.size(), " tensors; it needs one per rank (", size_, ")");
+  bool uneven = false;
+  std::vector<int64_t> recv;
   for (const auto& o : outs) {
     check_tensor(o, "all_gather", "output");
     check_same_device(o, in, "all_gather");
-    TORCH_CHECK_VALUE(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
-                      "hccl all_gather: every output tensor must match the input (", in.numel(),
-                      " elements of ", in.scalar_type(), "), got ", o.numel(), " of ",
-                      o.scalar_type());
+    TORCH_CHECK_VALUE(o.scalar_type() == in.scalar_type(), "hccl all_gather: every output tensor must have the "
+                      "input's dtype (", in.scalar_type(), "), got ", o.scalar_type());
+    uneven |= o.numel() != in.numel();
+    recv.push_back(o.numel());
   }
+  // Uneven sizes (NCCL gathers a different size from each rank): output r holds rank r's input.
+  TORCH_CHECK_VALUE(outs[rank_].numel() == in.numel(), "hccl all_gather: output ", rank_, " receives this rank's ",
+                    "input, so it needs its ", in.numel(), " elements, got ", outs[rank_].numel());
   HCCL_SPEC(s, c10d::OpType::ALLGATHER, "all_gather", {in}, outs, opts.asyncOp);
   s.dtype = c10::toString(in.scalar_type());
-  s.body = [this, in, outs](uint64_t seq) mutable {
-    at::Tensor flat = at::empty({in.numel() * size_}, in.options());
-    do_all_gather(contiguous_of(in), flat, seq, "all_gather");
+  s.body = [this, in, outs, uneven, recv](uint64_t seq) mutable {
+    at::Tensor flat = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, in.options());
+    if (uneven) {
+      // An all_to_all that sends the whole input to every rank (packed, so every communicator takes it).
+      const at::Tensor ci = contiguous_of(in).reshape({-1});
+      do_all_to_all(ci.repeat({size_}), flat, std::vector<int64_t>(size_, ci.numel()), recv, seq, "all_gather");
+    } else {
+      do_all_gather(contiguous_of(in), flat, seq, "all_gather");
+    }
     unflatten_into(flat, outs);
   };
   return launch(std::move(s));
@@ -311,19 +322,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(
   auto ins = inputs[0];
   TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == size_, "hccl reduce_scatter: input list has ",
                     ins.size(), " tensors; it needs one per rank (", size_, ")");
-  for (const auto& t : ins) {
+  bool uneven = false;
+  int64_t offset = 0;  // of this rank's block in the flattened inputs
+  for (int j = 0; j < size_; ++j) {
+    const at::Tensor& t = ins[j];
     check_tensor(t, "reduce_scatter", "input");
     check_same_device(t, out, "reduce_scatter");
-    TORCH_CHECK_VALUE(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
-                      "hccl reduce_scatter: every input tensor must match the output (", out.numel(),
-                      " elements of ", out.scalar_type(), "), got ", t.numel(), " of ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.scalar_type() == out.scalar_type(), "hccl reduce_scatter: every input tensor must have the "
+                      "output's dtype (", out.scalar_type(), "), got ", t.scalar_type());
+    uneven |= t.numel() != out.numel();
+    if (j < rank_) offset += t.numel();
   }
+  // Uneven sizes (NCCL reduces a different size for each rank): input r is reduced into rank r's output.
+  TORCH_CHECK_VALUE(ins[rank_].numel() == out.numel(), "hccl reduce_scatter: input ", rank_, " is reduced into this ",
+                    "rank's output, so it needs its ", out.numel(), " elements, got ", ins[rank_].numel());
   check_reduce(opts.reduceOp, out.scalar_type(), "reduce_scatter");
   HCCL_SPEC(s, c10d::OpType::REDUCE_SCATTER, "reduce_scatter", ins, {out}, opts.asyncOp);
   s.dtype = c10::toString(out.scalar_type());
   s.reduce_op = reduce_name(opts.reduceOp);
   auto rop = opts.reduceOp;
-  s.body = [this, ins, out, rop](uint64_t seq) mutable {
+  s.body = [this, ins, out, rop, uneven, offset](uint64_t seq) mutable {
+    if (uneven) {
+      // Reduce every block everywhere and keep this rank's: uneven blocks do not fit the engine's
+      // equal-block reduce_scatter, and every rank knows every block's size from its own input list.
+      at::Tensor flat = flatten(ins);
+      do_all_reduce(flat, rop, seq, "reduce_scatter");
+      out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
+      return;
+    }
     at::Tensor co = contiguous_of(out);
     do_reduce_scatter(flatten(ins), co, rop, seq, "reduce_scatter");
     copy_back(out, co);
