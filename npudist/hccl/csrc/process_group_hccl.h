@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
@@ -170,6 +171,10 @@ class ProcessGroupHCCL : public c10d::Backend {
   void do_barrier(uint64_t seq);
   void do_send(const at::Tensor& t, int peer, int tag);
   void do_recv(at::Tensor& t, int peer, int tag);
+  // send/recv between a rank and itself (exchange.cpp): a send leaves a copy in a mailbox, a recv takes the
+  // oldest one (matched in order, like messages between two ranks); no communicator involved.
+  void send_to_self(const at::Tensor& t, int tag);
+  void recv_from_self(at::Tensor& t, int tag);
   // extras.cpp
   c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   int recv_any(at::Tensor& t, int tag);  // returns the sender's group rank
@@ -190,6 +195,13 @@ class ProcessGroupHCCL : public c10d::Backend {
   Lane coll_lane_;
   std::mutex p2p_mu_;
   std::map<std::pair<int, bool>, std::unique_ptr<Lane>> p2p_lanes_;
+  struct SelfMessage {
+    int tag;
+    at::Tensor data;
+  };
+  std::mutex self_mu_;
+  std::condition_variable self_cv_;
+  std::deque<SelfMessage> self_box_;
 
   // npu: one comm stream per device, created on first use.
   std::mutex stream_mu_;
