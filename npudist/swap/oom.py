@@ -1,6 +1,7 @@
-"""The note the training loop adds to an out-of-memory error: the levers that would lower this plan's device
-memory and what each would save (estimate). The allocator's own message stays as it is; the note is added with
-``BaseException.add_note`` and printed after it in the traceback."""
+"""What the training loop says about memory. On an out-of-memory error, a note with the levers that would lower
+this plan's device memory and what each would save (estimate): the allocator's own message stays as it is, the
+note is added with ``BaseException.add_note`` and printed after it in the traceback. After the first step, a line
+with what swap moved to host memory."""
 from __future__ import annotations
 
 from npudist.plan.check import format_bytes
@@ -25,3 +26,14 @@ def oom_note(plan, rank: int, capacity: int | None) -> str:
                      "is swapped and the micro-batch is 1; use more ranks (parallel degrees) or a smaller model")
     lines.append("See docs/memory.md, 'Training past device memory'.")
     return "\n".join(lines)
+
+
+def describe_swap(activation_swaps, state_swap) -> str:
+    """The log line after the first step: what swap moved to host memory on this rank."""
+    parts = []
+    if activation_swaps:
+        moved = sum(s.bytes_out for s in activation_swaps)
+        parts.append(f"activations {format_bytes(moved)} to host in the first step")
+    if state_swap is not None:
+        parts.append(f"optimizer state {format_bytes(state_swap.host_bytes)} on host between steps")
+    return "swap: " + "; ".join(parts)

@@ -21,7 +21,7 @@ from npudist.data import TextDataset, default_corpus_path
 from npudist.mesh import build_mesh, describe_mesh, dim_rank, dim_size
 from npudist.models import build_model
 from npudist.parallelize import parallelize
-from npudist.swap.oom import oom_note
+from npudist.swap.oom import describe_swap, oom_note
 from npudist.swap.optimizer_state import OptimizerStateSwap
 from npudist.train.checkpoint import Checkpointer
 from npudist.train.metrics import MetricsLogger, reset_peak_memory
@@ -157,6 +157,8 @@ def train(plan, log_stream=None) -> RunResult:
             logger.log(step, loss, lr, grad_norm, dt, expert_load=expert_load(pm))
             if step == start + 1 and pm.compiled:
                 logger.message(describe_compiled(pm.compiled, plan.compile))
+            if step == start + 1 and (pm.activation_swaps or state_swap is not None):
+                logger.message(describe_swap(pm.activation_swaps, state_swap))
             with state_swap.resident() if state_swap is not None and ckpt.due(step) else contextlib.nullcontext():
                 ckpt.maybe_save(step)
     finally:

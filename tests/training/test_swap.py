@@ -74,6 +74,7 @@ def test_swap_trains_within_capacity_with_the_same_losses(tmp_path, reference):
     res, records = _launch(tmp_path, "swap", CAPACITY, blocks="['layers.*']", state="true")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [r["step"] for r in records] == [1, 2]
+    assert "swap: activations " in res.stdout and "to host in the first step; optimizer state " in res.stdout
     # fp32, same kernels on the same values: equal, not merely close
     assert [r["loss"] for r in records] == [r["loss"] for r in reference]
     peak = max(r["memory_peak_bytes"] for r in records)
