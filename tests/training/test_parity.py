@@ -81,12 +81,16 @@ def corpus(tmp_path_factory):
     return default_corpus_path(cache_dir=str(tmp_path_factory.mktemp("corpus")))
 
 
+def skip_beyond_max_ranks(world: int) -> None:
+    if world > MAX_RANKS:
+        pytest.skip(f"{world} ranks > NPUDIST_TEST_MAX_RANKS={MAX_RANKS} (set it to {world} to run this layout)")
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_parity(layout, corpus, tmp_path):
     world, kw = LAYOUTS[layout]
-    if world > MAX_RANKS:
-        pytest.skip(f"{world} ranks > NPUDIST_TEST_MAX_RANKS={MAX_RANKS} (set it to {world} to run this layout)")
+    skip_beyond_max_ranks(world)
     plan = make_plan(corpus, DEVICE, **kw)
     out = str(tmp_path / "result")
     run_ranks(parallel_worker, world, (plan, out), str(tmp_path), timeout=170)
@@ -97,8 +101,7 @@ def test_parity(layout, corpus, tmp_path):
 @pytest.mark.parametrize("layout", list(NPURUN_LAYOUTS))
 def test_parity_under_npurun(layout, corpus, tmp_path):
     world, kw = NPURUN_LAYOUTS[layout]
-    if world > MAX_RANKS:
-        pytest.skip(f"{world} ranks > NPUDIST_TEST_MAX_RANKS={MAX_RANKS} (set it to {world} to run this layout)")
+    skip_beyond_max_ranks(world)
     plan = make_plan(corpus, DEVICE, **kw)
     plan_file, out = tmp_path / "plan.yaml", str(tmp_path / "result")
     plan_file.write_text(plan_yaml(plan))
