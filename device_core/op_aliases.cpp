@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "allocator/npu_allocator.h"
+#include "graph_capture.h"
+#include "host_allocator.h"
 #include "launch.h"
 #include "npu_tensor.h"
 #include "profiler.h"
@@ -119,9 +121,24 @@ void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blo
     launch::enqueue(dst.device().index(), "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
     return;
   }
-  // Host <-> npu (and cross-device) copies touch the bytes now, after the queued work of the npu sides:
-  // a D2H copy waits like cudaMemcpy, an H2D copy reads the pageable source before returning (so the
-  // caller may reuse it), whether or not non_blocking was asked for.
+  // A non_blocking copy between an npu tensor and pinned host memory is queued on the npu side's current
+  // stream, as cudaMemcpyAsync is: the caller synchronizes (stream, event) before it reads a D2H result or
+  // reuses an H2D source, exactly as on CUDA. The closure holds the pinned tensor, so its block is not
+  // reused before the copy ran.
+  if (non_blocking && src_npu != dst_npu && !launch::blocking() && !profiler::active() &&
+      !graph::any_capture_active()) {
+    const at::Tensor& host = src_npu ? dst : src;
+    if (host.device().is_cpu() && host.has_storage() && host_memory::is_pinned(host.storage().data())) {
+      const int device = (src_npu ? src : dst).device().index();
+      at::Tensor src_cpu = as_cpu(src, "source"), dst_cpu = as_cpu(dst, "destination");
+      launch::enqueue(device, "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); },
+                      launch::LaunchCost{static_cast<int64_t>(dst_cpu.numel() * dst_cpu.element_size()), true});
+      return;
+    }
+  }
+  // Other host <-> npu (and cross-device) copies touch the bytes now, after the queued work of the npu
+  // sides: a D2H copy waits like cudaMemcpy, an H2D copy reads the pageable source before returning (so
+  // the caller may reuse it), whether or not non_blocking was asked for.
   launch::count_synchronous();
   if (src_npu) launch::drain(src.device().index());
   if (dst_npu && !(src_npu && src.device() == dst.device())) launch::drain(dst.device().index());

@@ -105,6 +105,32 @@ def test_h2d_copy_snapshots_the_pageable_source():
 
 
 @needs_async
+def test_non_blocking_copies_with_pinned_memory_are_queued():
+    """A non_blocking copy between npu and pinned host memory is queued on the current stream (as
+    cudaMemcpyAsync): with the stream held it has not run yet, and after a synchronize it has, in stream order
+    after the kernel that produced its source. A pageable host side keeps the synchronous copy."""
+    a = torch.full((256,), 2.0, device="npu")
+    (a * 3).cpu()  # the signature's synchronous first run
+    pinned = torch.zeros(256, pin_memory=True)
+    with HostGate(0, 0) as gate:
+        kernel_queue.reset_launch_counts()
+        pinned.copy_(a * 3, non_blocking=True)
+        counts = kernel_queue.launch_counts()
+        assert counts["queued"] == 2 and counts["synchronous"] == 0, counts
+        assert torch.equal(pinned, torch.zeros(256))  # not run: the stream is held
+        gate.open()
+    torch.npu.synchronize()
+    assert torch.equal(pinned, torch.full((256,), 6.0))
+    back = torch.empty(256, device="npu")
+    back.copy_(pinned, non_blocking=True)
+    assert torch.equal(back.cpu(), torch.full((256,), 6.0))
+    kernel_queue.reset_launch_counts()
+    pageable = torch.zeros(256)
+    pageable.copy_(a, non_blocking=True)
+    assert kernel_queue.launch_counts()["synchronous"] == 1 and torch.equal(pageable, torch.full((256,), 2.0))
+
+
+@needs_async
 def test_kernel_error_surfaces_at_the_next_sync_naming_op_and_line():
     x = torch.randn(3, 4, device="npu")
     bad = torch.tensor([0, 7], device="npu")  # out of range: only the kernel can tell
