@@ -44,15 +44,6 @@ LAYOUTS = {
     # 3-D (pp x dp_shard x tp) needs 8 ranks: more than the suite starts on a 2-core machine, so it runs only
     # when NPUDIST_TEST_MAX_RANKS >= 8 (measured 2026-12-02: passes in 21 s on 2 idle cores).
     "pp2_fsdp2_tp2": (8, dict(pp=2, dp_shard=2, tp=2, schedule="1F1B", sequence_parallel=True)),
-    # Context parallel: each sequence split over 2 ranks (load-balanced), attention by ring or Ulysses.
-    "cp2_ring": (2, dict(cp=2, cp_method="ring")),
-    "cp2_ulysses": (2, dict(cp=2, cp_method="ulysses")),
-    "cp2_fsdp2": (4, dict(cp=2, dp_shard=2, cp_method="ring")),
-    # Expert parallel on the MoE model: experts split over ep (borrowed from dp_shard), tokens by all-to-all.
-    "ep2": (2, dict(dp_shard=2, ep=2, model=MOE)),
-    "ep2_fsdp2": (4, dict(dp_shard=4, ep=2, model=MOE)),
-    # Both on one sequence: ep borrows the cp ranks; the balance loss sums its statistics over cp.
-    "cp2_ep2": (2, dict(cp=2, ep=2, cp_method="ulysses", model=MOE)),
     # The moe model's TP plan without sequence parallel (ep 1, 2 ranks): each tp rank cuts its half of every
     # sequence out of the replicated activations, routes it to all experts, and all-gathers the result.
     "tp2_moe": (2, dict(tp=2, model=MOE)),
@@ -66,6 +57,15 @@ HF_MOE = dict(name="hf_causal_lm", hf_model_type="qwen2_moe", n_layers=2, hf_con
 
 # Launched as a plan file through npurun (one process per rank, torchrun's rendezvous), not spawned.
 NPURUN_LAYOUTS = {
+    # Context parallel: each sequence split over 2 ranks (load-balanced), attention by ring or Ulysses.
+    "cp2_ring": (2, dict(cp=2, cp_method="ring")),
+    "cp2_ulysses": (2, dict(cp=2, cp_method="ulysses")),
+    "cp2_fsdp2": (4, dict(cp=2, dp_shard=2, cp_method="ring")),
+    # Expert parallel on the MoE model: experts split over ep (borrowed from dp_shard), tokens by all-to-all.
+    "ep2": (2, dict(dp_shard=2, ep=2, model=MOE)),
+    "ep2_fsdp2": (4, dict(dp_shard=4, ep=2, model=MOE)),
+    # Both on one sequence: ep borrows the cp ranks; the balance loss sums its statistics over cp.
+    "cp2_ep2": (2, dict(cp=2, ep=2, cp_method="ulysses", model=MOE)),
     # The moe model under TP (sequence parallel): attention and shared expert split over tp, every tp rank
     # routing its own sequence shard to experts split over ep (borrowed from dp_shard, tp separate).
     "ep2_tp2": (4, dict(dp_shard=2, tp=2, ep=2, sequence_parallel=True, model=MOE)),
