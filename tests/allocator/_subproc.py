@@ -20,3 +20,17 @@ def check_snippet(code: str, env: dict | None = None, timeout: float = 120) -> s
     res = run_snippet(code, env, timeout)
     assert res.returncode == 0, f"rc={res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr[-4000:]}"
     return res.stdout
+
+
+def build_allocator_library(tmp_path_factory, name: str, source: str) -> str:
+    """Compile a C pluggable allocator (`source`) into lib<name>.so in a fresh temporary folder; skips the
+    test when gcc is missing."""
+    import shutil
+    import pytest
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not available")
+    d = tmp_path_factory.mktemp(name)
+    (d / f"{name}.c").write_text(source)
+    so = str(d / f"lib{name}.so")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(d / f"{name}.c"), "-o", so], check=True, timeout=60)
+    return so

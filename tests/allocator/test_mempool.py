@@ -1,15 +1,13 @@
 """torch.npu.MemPool / use_mem_pool, modelled on PyTorch's test_cuda.py MemPool tests (test_mempool_id,
 test_mempool_context, test_mempool_multithread, test_mempool_empty_cache, test_mempool_with_allocator) on the
 caching allocator's private pools."""
-import shutil
-import subprocess
 import threading
 
 import pytest
 import torch
 
 import npudist  # noqa: F401
-from _subproc import run_snippet
+from _subproc import build_allocator_library, run_snippet
 
 MiB = 1 << 20
 
@@ -169,13 +167,7 @@ long live_bytes(void) { return live; }
 
 @pytest.fixture(scope="module")
 def allocator_so(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not available")
-    d = tmp_path_factory.mktemp("mempool_alloc")
-    (d / "pool_alloc.c").write_text(ALLOCATOR_C)
-    so = str(d / "libpoolalloc.so")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(d / "pool_alloc.c"), "-o", so], check=True, timeout=60)
-    return so
+    return build_allocator_library(tmp_path_factory, "poolalloc", ALLOCATOR_C)
 
 
 def test_mempool_with_pluggable_allocator(allocator_so):

@@ -1,12 +1,10 @@
 """NPUPluggableAllocator + change_current_allocator with a small allocator compiled here."""
-import shutil
-import subprocess
 
 import pytest
 import torch
 
 import npudist  # noqa: F401
-from _subproc import check_snippet, run_snippet
+from _subproc import build_allocator_library, check_snippet, run_snippet
 
 ALLOCATOR_C = r"""
 #include <stdint.h>
@@ -33,13 +31,7 @@ long alloc_stream(void) { return (long)last_stream; }
 
 @pytest.fixture(scope="module")
 def allocator_so(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not available")
-    d = tmp_path_factory.mktemp("pluggable")
-    (d / "counting.c").write_text(ALLOCATOR_C)
-    so = str(d / "libcounting.so")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(d / "counting.c"), "-o", so], check=True, timeout=60)
-    return so
+    return build_allocator_library(tmp_path_factory, "counting", ALLOCATOR_C)
 
 
 def test_pluggable_allocator_serves_npu_tensors(allocator_so):
