@@ -292,25 +292,28 @@ std::exception_ptr WorkHCCL::exception() const {
 
 namespace {
 
+// Hands a collective's failure to the launch table, which raises it at the next synchronization point.
+void record_wait_failure(const std::exception_ptr& err) {
+  std::string msg;
+  try {
+    std::rethrow_exception(err);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  launch_api()->record_async_error(
+      c10::str(msg, "\n(Work.wait() on npu tensors orders the current npu stream after the collective and "
+                    "returns; set TORCH_HCCL_BLOCKING_WAIT=1 to raise in wait())")
+          .c_str());
+}
+
 // Queued on the waiting thread's current npu stream by a non-blocking wait(): holds the stream until the op
-// completed, and hands a failure to the launch table, which raises it at the next synchronization point.
+// completed, and hands a failure to the launch table.
 struct StreamWait {
   c10::intrusive_ptr<WorkHCCL> work;
   static void run_fn(void* arg) {
     std::unique_ptr<StreamWait> w(static_cast<StreamWait*>(arg));
     w->work->block_until_done();
-    if (auto err = w->work->exception()) {
-      std::string msg;
-      try {
-        std::rethrow_exception(err);
-      } catch (const std::exception& e) {
-        msg = e.what();
-      }
-      launch_api()->record_async_error(
-          c10::str(msg, "\n(Work.wait() on npu tensors orders the current npu stream after the collective and "
-                        "returns; set TORCH_HCCL_BLOCKING_WAIT=1 to raise in wait())")
-              .c_str());
-    }
+    if (auto err = w->work->exception()) record_wait_failure(err);
   }
 };
 
@@ -319,8 +322,9 @@ struct StreamWait {
 // As NCCL's Work.wait(): for an asynchronous op on npu tensors under asynchronous launch, work queued on the
 // caller's current stream after wait() runs after the op, and the host goes on. A synchronous op
 // (async_op=False), TORCH_HCCL_BLOCKING_WAIT=1, a wait with its own timeout, blocking launch, cpu tensors and
-// a receive from any source keep the blocking wait; so does an op that already completed, which raises its
-// error right here.
+// a receive from any source keep the blocking wait. An op that already completed needs no stream order; if it
+// failed, its error still goes to the next synchronization point, so whether wait() raises does not depend on
+// how fast the failure was detected.
 bool WorkHCCL::wait_on_stream() {
   const NpudistLaunchApi* launch = launch_api();
   const NpudistRuntimeApi* api = runtime_api();
@@ -328,7 +332,14 @@ bool WorkHCCL::wait_on_stream() {
     return false;
   }
   // A receive from any source: dist.recv() asks for the sender's rank right after wait(), on the host.
-  if (spec_.source || isCompleted()) return false;
+  if (spec_.source) return false;
+  if (isCompleted()) {
+    auto err = exception();
+    if (!err) return false;
+    record_wait_failure(err);
+    close_profiling_event();
+    return true;
+  }
   const int64_t stream = api->get_stream(device_);
   auto* arg = new StreamWait{c10::intrusive_ptr<WorkHCCL>::reclaim_copy(this)};
   if (api->launch_host_func(device_, stream, &StreamWait::run_fn, arg) != NPUDIST_SUCCESS) {
