@@ -398,6 +398,10 @@ float WorkHCCL::getDuration() const {
 }
 
 void WorkHCCL::complete(std::exception_ptr error) {
+  // The profiler event ends before any waiter wakes: a waiter may stop the profiler as soon as wait()
+  // returns, and an event ended on this thread while the profiler collects its results corrupted them
+  // (torch.profiler's parse failed with "std::get: wrong index for variant").
+  close_profiling_event();
   {
     std::lock_guard<std::mutex> g(mutex_);
     if (completed_) return;
@@ -407,7 +411,6 @@ void WorkHCCL::complete(std::exception_ptr error) {
     exception_ = error;
   }
   cv_.notify_all();
-  close_profiling_event();
   std::string msg;
   if (error) {
     try {
