@@ -215,10 +215,10 @@ def compare_launch_modes(args, argv) -> int:
     for mode, rs in rounds.items():
         med[mode] = statistics.median(x["rate"] for x in rs)
         c = rs[-1]["counts"]
-        total = max(1, c["queued"] + c["synchronous"])
+        total = max(1, c["queued"] + c["synchronous"] + c["inline"])
         print(f"  {mode:<9}{med[mode]:>12,.0f} tokens/s   final loss {rs[-1]['loss']:.4f}   ops queued "
-              f"{c['queued']}, synchronous {c['synchronous']} ({100 * c['queued'] / total:.0f}% queued), "
-              f"metadata {c['metadata']}")
+              f"{c['queued']}, inline {c['inline']}, synchronous {c['synchronous']} "
+              f"({100 * c['queued'] / total:.0f}% queued), metadata {c['metadata']}")
     print(f"async / blocking = {med['async'] / med['blocking']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:

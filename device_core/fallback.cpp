@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <memory>
@@ -74,7 +75,8 @@ class Fallback {
   }
 
   // The op's CPU kernel on the calling thread (synchronous; the caller ordered it after queued work).
-  void run_now(size_t begin) {
+  // `kernel_ns`: set to the kernel's wall time (the CPU kernel call alone).
+  void run_now(size_t begin, int64_t* kernel_ns = nullptr) {
     const auto& args = op_.schema().arguments();
     for (size_t i = 0; i < args.size(); ++i) substitute(args[i], (*stack_)[begin + i]);
 
@@ -95,7 +97,12 @@ class Fallback {
       gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
       (*stack_)[begin + generator_slot_] = c10::IValue(begin_random_op(gen));
     }
-    { profiler::KernelScope kernel_event(op_, device_); call_cpu_kernel(); }
+    {
+      profiler::KernelScope kernel_event(op_, device_);
+      const auto t0 = kernel_ns ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      call_cpu_kernel();
+      if (kernel_ns) *kernel_ns = (std::chrono::steady_clock::now() - t0).count();
+    }
     sync_arguments(adopt);
     const size_t nret = op_.schema().returns().size();
     int64_t max_numel = max_numel_;
@@ -129,6 +136,22 @@ class Fallback {
     if (inf->view) {
       launch::count_metadata();  // an op whose outputs are views (e.g. _unsafe_view): metadata only
       run_now(begin);
+      return true;
+    }
+    // A kernel cheaper than its hand-off to the worker runs here when the stream is idle (launch.h,
+    // inline_kernel_ns). It then behaves as under blocking launch: a failure raises at the call.
+    Inferred::KernelCost& kc = *inf->kernel_cost;
+    if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns()) && launch::idle_for_inline(device_)) {
+      launch::count_inline();
+      launch::release_finished();
+      launch::raise_queued_warnings();
+      if (!kc.timing_inline()) {
+        run_now(begin);
+        return true;
+      }
+      int64_t kernel_ns = 0;
+      run_now(begin, &kernel_ns);
+      kc.add_inline_sample(kernel_ns);
       return true;
     }
     std::vector<at::Tensor> results;  // npu tensors to return, flattened
@@ -180,7 +203,10 @@ class Fallback {
     if (out_op) call.reserve(call.size() + outs.size());  // the worker appends the outputs without reallocating
     // The window's accounting (launch.h, LaunchCost); the first launches of a signature are timed on the
     // worker to tell memory-bound from compute-bound kernels.
-    launch::LaunchCost cost{0, !inf->kernel_cost->compute_bound()};
+    launch::LaunchCost cost{0, !kc.compute_bound(), -1};
+    if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns())) {
+      cost.inline_ns = kc.fastest_ns.load(std::memory_order_relaxed);  // what it takes on the worker
+    }
     for (const at::Tensor& o : outs) cost.bytes += static_cast<int64_t>(o.numel() * o.element_size());
     std::shared_ptr<Inferred::KernelCost> sampled;
     int64_t touched = 0;

@@ -31,7 +31,7 @@ bool env_true(const char* name) {
 }
 
 SiteHooks g_site;  // set once at module import, before any op
-std::atomic<uint64_t> g_queued{0}, g_sync{0}, g_meta{0};
+std::atomic<uint64_t> g_queued{0}, g_sync{0}, g_meta{0}, g_inline{0};
 
 // The first kernel failure since the last report (CUDA reports the first asynchronous error too).
 std::atomic<bool> g_has_error{false};
@@ -75,12 +75,22 @@ c10::impl::LocalDispatchKeySet worker_keys() {
 // A launch that would exceed a limit waits until the window has drained to half of every limit. A single
 // kernel larger than a byte limit still runs: it waits for the half-drained window, then enters.
 constexpr int kDefaultQueueDepth = 1024;
+// Small kernels faster than this on the launching thread run inline on an idle stream (launch.h,
+// inline_kernel_ns): about what a hand-off to the worker costs the host here (1-4 us; BENCHMARKS.md,
+// "Asynchronous launch", a queued 64x64 add against the same add inline).
+constexpr int64_t kDefaultInlineNs = 2000;
+// How much longer than the queued kernels' learnt times an inline launch waits for its stream to go idle:
+// the kernel running may have started a little earlier or run a little slower than its samples.
+constexpr int64_t kInlineWaitSlackNs = 20000;
+
 constexpr int64_t kCacheBytes = 8 << 20;
 
 struct Window {
   std::atomic<int> inflight{0};
   std::atomic<int64_t> bytes{0};        // output bytes held by queued kernels
   std::atomic<int64_t> cache_bytes{0};  // the part held by cache-sensitive kernels
+  std::atomic<int> not_inline{0};       // queued kernels that would not run inline (LaunchCost::inline_ns < 0)
+  std::atomic<int64_t> inline_ns{0};    // the learnt CPU times of the others, summed
   std::atomic<int> waiters{0};
   int64_t memory_budget = 0;            // set once, when the window is made
   std::mutex mu;
@@ -244,6 +254,8 @@ void run_task(void* arg) {
   Window* w = t->window;
   const LaunchCost cost = t->cost;
   retire(t.release());  // its captured tensors are released by the next launch or synchronization on the host
+  if (cost.inline_ns < 0) w->not_inline.fetch_sub(1, std::memory_order_acq_rel);
+  else w->inline_ns.fetch_sub(cost.inline_ns, std::memory_order_acq_rel);
   if (cost.bytes) {
     w->bytes.fetch_sub(cost.bytes, std::memory_order_acq_rel);
     if (cost.cache_sensitive) w->cache_bytes.fetch_sub(cost.bytes, std::memory_order_acq_rel);
@@ -305,6 +317,42 @@ int queue_depth() {
   return value;
 }
 
+int64_t inline_kernel_ns() {
+  static const int64_t value = [] {
+    const char* v = std::getenv("NPUDIST_LAUNCH_INLINE_NS");
+    if (!v || !*v) return kDefaultInlineNs;
+    char* end = nullptr;
+    long long n = std::strtoll(v, &end, 10);
+    TORCH_CHECK_VALUE(end && *end == '\0' && n >= 0 && n <= 1000000000LL, "NPUDIST_LAUNCH_INLINE_NS='", v,
+                      "' is not a kernel time; use nanoseconds >= 0 (0: always queue)");
+    return static_cast<int64_t>(n);
+  }();
+  return value;
+}
+
+bool idle_for_inline(int device) {
+  const int64_t stream = rt::api().get_stream(device);
+  auto idle = [&] { return rt::api().stream_query(device, stream) == 1; };
+  if (idle()) return true;
+  Window* w = window_for(device, stream);
+  if (w->not_inline.load(std::memory_order_acquire) > 0) return false;
+  for (int i = 0; i < 64; ++i) {
+    if (idle()) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // The stream may also hold work that is not a kernel (an event wait, a collective, an extension's host
+  // function): the wait is bounded by what the queued kernels should take, and then the kernel is queued.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::nanoseconds(w->inline_ns.load(std::memory_order_acquire) + kInlineWaitSlackNs);
+  void* token = g_site.block_begin ? g_site.block_begin() : nullptr;
+  bool done;
+  while (!(done = idle()) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  if (g_site.block_end) g_site.block_end(token);
+  return done;
+}
+
 bool release_finished() {
   if (!g_has_retired.load(std::memory_order_acquire)) return false;
   thread_local std::vector<Task*> done;  // keeps its capacity: swapped with the shared list each time
@@ -352,6 +400,8 @@ void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCos
   task->cost = cost;
   auto add = [&](int sign) {
     w->inflight.fetch_add(sign, std::memory_order_acq_rel);
+    if (cost.inline_ns < 0) w->not_inline.fetch_add(sign, std::memory_order_acq_rel);
+    else w->inline_ns.fetch_add(sign * cost.inline_ns, std::memory_order_acq_rel);
     if (!cost.bytes) return;
     w->bytes.fetch_add(sign * cost.bytes, std::memory_order_acq_rel);
     if (cost.cache_sensitive) w->cache_bytes.fetch_add(sign * cost.bytes, std::memory_order_acq_rel);
@@ -390,14 +440,16 @@ void raise_pending_error() {
 
 void set_site_hooks(SiteHooks hooks) { g_site = hooks; }
 
-Counts counts() { return Counts{g_queued.load(), g_sync.load(), g_meta.load()}; }
+Counts counts() { return Counts{g_queued.load(), g_sync.load(), g_meta.load(), g_inline.load()}; }
 void reset_counts() {
+  g_inline.store(0);
   g_queued.store(0);
   g_sync.store(0);
   g_meta.store(0);
 }
 void count_synchronous() { g_sync.fetch_add(1, std::memory_order_relaxed); }
 void count_metadata() { g_meta.fetch_add(1, std::memory_order_relaxed); }
+void count_inline() { g_inline.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace npudist::launch
 

@@ -24,6 +24,7 @@ const NpudistLaunchApi* c_api();
 struct LaunchCost {
   int64_t bytes = 0;
   bool cache_sensitive = true;
+  int64_t inline_ns = -1;  // a kernel that would run inline on an idle stream: its learnt CPU time; else -1
 };
 
 // Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured stays
@@ -32,6 +33,25 @@ struct LaunchCost {
 // throws records an error naming `op` and the Python line that launched it; the next synchronization
 // point raises it.
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost = {});
+
+// Make `device`'s current stream idle for a kernel that will run inline (inline_kernel_ns): true at once when
+// it is. When everything queued there is kernels that would run inline too, waits for them (the Python GIL
+// released after a short spin; at most their learnt times summed plus 20 us) and returns true
+// once the stream is idle. Else false: the kernel is queued. Why wait: a host that got ahead of the worker
+// (while a signature was being sampled, or behind one larger kernel) would otherwise stay ahead, since the
+// worker takes longer per tiny kernel than the host, and every later tiny kernel would pay the hand-off.
+// Raises nothing: a recorded kernel error stays for the next synchronization point.
+bool idle_for_inline(int device);
+
+// A kernel that touches at most kInlineBytes and whose run on the launching thread took less than
+// inline_kernel_ns() (op_path.h, KernelCost) runs there when its stream is idle instead of being queued
+// (NPUDIST_LAUNCH_INLINE_NS, default kDefaultInlineNs in launch.cpp; 0: never). Why: handing a kernel to the
+// stream's worker (the task, the push, waking the worker, moving the arguments' cache lines to its core) costs
+// the host more than such a kernel takes, and an idle stream has nothing the host could overlap it with.
+// Running it at once is what an asynchronous launch may always do; it is ordered after everything queued
+// because nothing is. Read once; a malformed value is a ValueError at the first op.
+constexpr int64_t kInlineBytes = 64 << 10;
+int64_t inline_kernel_ns();
 
 // Block until `device`'s current stream ran everything queued on it, then raise a recorded kernel error.
 // Every host access to npu bytes outside a queued kernel calls this first. No-op in blocking mode.
@@ -76,10 +96,12 @@ struct Counts {
   uint64_t queued = 0;  // kernels enqueued
   uint64_t synchronous = 0;  // ops that drained the stream and ran on the calling thread
   uint64_t metadata = 0;  // view/metadata ops (no data access; never drain)
+  uint64_t ran_inline = 0;  // queueable kernels run on the calling thread on an idle stream (inline_kernel_ns)
 };
 Counts counts();
 void reset_counts();
 void count_synchronous();
 void count_metadata();
+void count_inline();
 
 }  // namespace npudist::launch

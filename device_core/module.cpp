@@ -128,8 +128,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_launch_counts", [] {
     launch::Counts c = launch::counts();
     return py::dict(py::arg("queued") = c.queued, py::arg("synchronous") = c.synchronous,
-                    py::arg("metadata") = c.metadata);
-  }, "Ops by launch path since the last reset: queued kernels, synchronous (drained) ops, metadata ops.");
+                    py::arg("metadata") = c.metadata, py::arg("inline") = c.ran_inline);
+  }, "Ops by launch path since the last reset: queued kernels, synchronous (drained) ops, metadata ops, "
+     "kernels run inline on an idle stream.");
   m.def("_reset_launch_counts", [] { launch::reset_counts(); });
   m.def("_op_out_overload", [](const std::string& name, const std::string& overload) -> std::optional<std::string> {
     auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));

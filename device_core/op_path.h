@@ -78,12 +78,33 @@ struct Inferred {
     std::atomic<int64_t> fastest_ns{INT64_MAX};
     bool sampling() const { return samples.load(std::memory_order_relaxed) < kSamples; }
     bool compute_bound() const { return compute.load(std::memory_order_relaxed); }
+    std::atomic<int64_t> touched{0};  // bytes of arguments and results, as sampled
+
+    // Whether the kernel runs inline on an idle stream (launch.h, inline_kernel_ns): small (at most
+    // `max_bytes` touched) and, on the launching thread, faster than `max_ns`. The worker's samples cannot
+    // tell: a tiny kernel samples 3-17 us there, its own cost of a kernel, more while the host keeps launching.
+    // So a small kernel's first kSamples inline runs are timed on the host, and it stays inline only if the
+    // fastest was under `max_ns`.
+    std::atomic<int> inline_samples{0};
+    std::atomic<int64_t> inline_fastest_ns{INT64_MAX};
+    bool runs_inline(int64_t max_bytes, int64_t max_ns) const {
+      if (max_ns <= 0 || sampling() || touched.load(std::memory_order_relaxed) > max_bytes) return false;
+      return timing_inline() || inline_fastest_ns.load(std::memory_order_relaxed) < max_ns;
+    }
+    bool timing_inline() const { return inline_samples.load(std::memory_order_relaxed) < kSamples; }
+    void add_inline_sample(int64_t ns) {
+      int64_t prev = inline_fastest_ns.load(std::memory_order_relaxed);
+      while (ns < prev && !inline_fastest_ns.compare_exchange_weak(prev, ns, std::memory_order_relaxed)) {
+      }
+      inline_samples.fetch_add(1, std::memory_order_relaxed);
+    }
     void add_sample(int64_t ns, int64_t bytes) {
       int64_t prev = fastest_ns.load(std::memory_order_relaxed);
       while (ns < prev && !fastest_ns.compare_exchange_weak(prev, ns, std::memory_order_relaxed)) {
       }
       const int64_t fastest = std::min(prev, ns);
       compute.store(fastest > 4 * bytes / 10, std::memory_order_relaxed);
+      touched.store(bytes, std::memory_order_relaxed);
       samples.fetch_add(1, std::memory_order_relaxed);
     }
   };

@@ -23,7 +23,9 @@ def is_blocking() -> bool:
 
 def launch_counts() -> dict:
     """Ops by launch path since the last :func:`reset_launch_counts`: ``queued`` kernels, ``synchronous``
-    ops (which drained the stream and ran on the calling thread) and ``metadata`` ops (views, no data)."""
+    ops (which drained the stream and ran on the calling thread), ``metadata`` ops (views, no data) and
+    ``inline`` kernels (queueable, but faster than their hand-off to the stream's worker: run on the calling
+    thread because the stream was idle; docs/device.md, "Launch window")."""
     return dict(_C._launch_counts())
 
 
