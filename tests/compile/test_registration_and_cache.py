@@ -77,3 +77,24 @@ def test_npudist_compile_sources_join_the_cache_keys():
     assert config is not None, "npu's device_custom_config was replaced by Inductor's registration"
     assert config.sources_fingerprint == _compile_sources_fingerprint()
     assert "sources_fingerprint" in config.save_config_portable(ignore_private_configs=False, readonly_values=True)
+
+
+def test_another_npudist_compile_source_misses_the_fx_graph_cache():
+    """The FX graph cache key of the same graph changes with npudist's compile sources, so a cache written by
+    another version of them (e.g. before the tracing-time attention kernel) is missed rather than served.
+    AOTAutograd's key is built by a subclass of the same details (``AOTAutogradCacheDetails``)."""
+    import npudist.compile
+    import torch
+    from torch._inductor.codecache import compiled_fx_graph_hash
+    from torch._inductor.codegen.common import custom_backend_codegen_configs, init_backend_registration
+
+    init_backend_registration()
+    npudist.compile.register()
+    config = custom_backend_codegen_configs["npu"]
+    graph = torch.fx.symbolic_trace(lambda x: x + 1)
+    inputs = [torch.randn(2, device="npu")]
+    key, _ = compiled_fx_graph_hash(graph, inputs, {}, [])
+    with config.patch(sources_fingerprint="another npudist.compile"):
+        other, _ = compiled_fx_graph_hash(graph, inputs, {}, [])
+    assert other != key
+    assert compiled_fx_graph_hash(graph, inputs, {}, [])[0] == key, "the key must be stable for the same sources"
