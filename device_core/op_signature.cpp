@@ -66,7 +66,7 @@ bool signature_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack
   auto put_i = [&put](int64_t v) { put(&v, sizeof v); };
   const void* op_id = &op.schema();
   put(&op_id, sizeof op_id);
-  std::vector<const c10::StorageImpl*> storages;
+  c10::SmallVector<const c10::StorageImpl*, 8> storages;  // no heap allocation for the usual few arguments
   auto put_tensor = [&](const at::Tensor& t) {
     if (!t.defined()) return put_i(-50);
     put_i(static_cast<int64_t>(t.scalar_type()));
