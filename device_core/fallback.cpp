@@ -141,8 +141,7 @@ class Fallback {
     // A kernel cheaper than its hand-off to the worker runs here when the stream is idle (launch.h,
     // inline_kernel_ns). It then behaves as under blocking launch: a failure raises at the call.
     Inferred::KernelCost& kc = *inf->kernel_cost;
-    const bool inline_candidate = kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns());
-    if (inline_candidate && launch::idle_for_inline(device_)) {
+    if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns()) && launch::idle_for_inline(device_)) {
       launch::count_inline();
       launch::release_finished();
       launch::raise_queued_warnings();
@@ -205,7 +204,9 @@ class Fallback {
     // The window's accounting (launch.h, LaunchCost); the first launches of a signature are timed on the
     // worker to tell memory-bound from compute-bound kernels.
     launch::LaunchCost cost{0, !kc.compute_bound(), -1};
-    if (inline_candidate) cost.inline_ns = kc.fastest_ns.load(std::memory_order_relaxed);  // its time on the worker
+    if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns())) {
+      cost.inline_ns = kc.fastest_ns.load(std::memory_order_relaxed);  // what it takes on the worker
+    }
     for (const at::Tensor& o : outs) cost.bytes += static_cast<int64_t>(o.numel() * o.element_size());
     std::shared_ptr<Inferred::KernelCost> sampled;
     int64_t touched = 0;
