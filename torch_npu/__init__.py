@@ -28,7 +28,7 @@ sys.modules[__name__ + ".npu"] = npu
 __version__ = f"{torch.__version__.split('+')[0]}+npudist{npudist.__version__}"
 
 for _name in _ops.OPS:
-    globals()[_name] = getattr(torch.ops.npu, _name)
+    globals()[_name] = _ops.CALL_FORMS.get(_name) or getattr(torch.ops.npu, _name)
 
 
 def npu_apply_adam_w(*args, out=None, **kwargs):

@@ -5,10 +5,16 @@ an autograd formula (a backward operator where one is needed) and a fake kernel,
 DTensor can trace it. Importing npudist registers them; ``torch_npu`` re-exports them at its top level.
 Semantics and the differences from Ascend: docs/torch_npu.md.
 """
-from npudist.ops import activation, attention, matmul, norm, optim, rotary  # noqa: F401  (registration)
+from npudist.ops import activation, attention, matmul, moe, norm, optim, rotary  # noqa: F401  (registration)
 
 # Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
 OPS = (
     "npu_fusion_attention", "npu_fusion_attention_grad", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
     "npu_geglu", "npu_scaled_masked_softmax", "npu_apply_adam_w", "npu_grouped_matmul",
+    "npu_grouped_matmul_add", "npu_grouped_matmul_add_", "npu_moe_token_permute", "npu_moe_token_unpermute",
+    "npu_moe_token_permute_with_routing_map", "npu_moe_token_unpermute_with_routing_map", "npu_moe_init_routing",
+    "npu_moe_finalize_routing", "npu_moe_compute_expert_tokens",
 )
+
+# torch_npu call forms that differ from the torch.ops.npu operator (in-place ops returning their input).
+CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_}
