@@ -82,7 +82,13 @@ class CheckpointConfig:
     folder: str = "checkpoints"            # one step-<N> subfolder per save
     interval: int = 500                    # save every `interval` steps, and after the last step
     load_step: int = -1                    # resume from step-<N>; -1 = the newest in `folder`; 0 = fresh start
-    keep_latest_k: int = 0                 # delete all but the newest k saves (0 = keep all)
+    keep_latest_k: int = 0                 # delete all but the k most recently written saves (0 = keep all)
+    # A fresh start (load_step 0) into a folder that holds saves is refused unless this is true: the run may then
+    # replace those saves (same step) and, with keep_latest_k, delete them as older than its own.
+    overwrite: bool = False
+    # Resuming a damaged save (a file missing or shorter than written, an unreadable .metadata) is an error that
+    # names the file and offers the newest intact save; true takes that save instead.
+    skip_damaged: bool = False
 
 
 @dataclass

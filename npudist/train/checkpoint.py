@@ -15,15 +15,27 @@ Layout independence needs every key to mean the same thing under every layout:
 A save is atomic: all ranks write into ``<folder>/.tmp-step-<N>``, DCP writes ``.metadata`` last, and only
 then rank 0 renames the folder to ``step-<N>``. A crash or kill at any point of a save leaves the previous
 ``step-*`` folders as they were, so the resume takes the newest complete one.
+
+Nothing a run wrote is lost to another: each save carries a manifest (``npudist-save.json``: its write
+sequence number and every file's size), "newest" means most recently written, not highest step, and
+``keep_latest_k`` keeps the k most recently written saves, so the save a run has just written is never the one
+deleted. A fresh start into a folder that holds saves is refused unless ``checkpoint.overwrite`` says the run
+may replace them. A damaged save (a file missing or shorter than the manifest says, an unreadable
+``.metadata``, a shard DCP cannot read) is reported with its file and step, and the newest intact save is
+offered (``checkpoint.skip_damaged`` takes it).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
+from typing import Optional
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
@@ -31,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-step-"
+MANIFEST = "npudist-save.json"
 # Optimizer state keyed "state.<param fqn>.<key>" / "param_groups.<param fqn>.<key>" (as torchtitan): the
 # nested form lost the hyperparameters of a pipeline stage's param groups on load (torch 2.13).
 _OPTIM = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -44,16 +57,80 @@ def step_dir(folder: str, step: int) -> str:
     return os.path.join(folder, f"step-{step}")
 
 
-def list_saved_steps(folder: str) -> list[int]:
-    """Steps with a complete save in ``folder``, ascending."""
+class CheckpointError(ValueError):
+    """A checkpoint the run cannot use or write as configured; the message names the save and the fix."""
+
+
+@dataclass(frozen=True)
+class Save:
+    """A complete save in a folder. ``seq`` orders saves by when they were written (-1: a save without a
+    manifest, written by an older npudist: older than every save with one)."""
+    step: int
+    path: str
+    seq: int
+    files: Optional[dict]   # file name -> size in bytes, as written; None without a manifest
+
+
+def _read_manifest(path: str) -> Optional[dict]:
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def list_saves(folder: str) -> list[Save]:
+    """Complete saves in ``folder`` (their ``.metadata`` exists), oldest written first."""
     if not os.path.isdir(folder):
         return []
-    steps = []
+    saves = []
     for name in os.listdir(folder):
         m = _STEP_DIR.match(name)
-        if m and os.path.exists(os.path.join(folder, name, ".metadata")):
-            steps.append(int(m.group(1)))
-    return sorted(steps)
+        path = os.path.join(folder, name)
+        if m and os.path.exists(os.path.join(path, ".metadata")):
+            man = _read_manifest(path) or {}
+            files = man.get("files") if isinstance(man.get("files"), dict) else None
+            seq = man.get("seq") if isinstance(man.get("seq"), int) else -1
+            saves.append(Save(int(m.group(1)), path, seq, files))
+    return sorted(saves, key=lambda s: (s.seq, s.step))
+
+
+def list_saved_steps(folder: str) -> list[int]:
+    """Steps with a complete save in ``folder``, ascending."""
+    return sorted(s.step for s in list_saves(folder))
+
+
+def find_damage(save: Save) -> Optional[str]:
+    """None if ``save`` is intact as far as can be told without reading it whole, else what is wrong, naming the
+    file: a file of its manifest missing or of another size, or a ``.metadata`` DCP cannot read."""
+    for name, size in sorted((save.files or {}).items()):
+        path = os.path.join(save.path, name)
+        try:
+            got = os.path.getsize(path)
+        except OSError:
+            return f"{path} is missing (the save wrote {size} bytes)"
+        if got != size:
+            return f"{path} has {got} bytes, the save wrote {size} ({'truncated' if got < size else 'changed'})"
+    try:
+        dcp.FileSystemReader(save.path).read_metadata()
+    except Exception as e:   # noqa: BLE001 -- any failure to unpickle means the save cannot be loaded
+        return f"{os.path.join(save.path, '.metadata')} cannot be read ({type(e).__name__}: {e})"
+    return None
+
+
+def _write_manifest(path: str, step: int, seq: int) -> None:
+    files = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    tmp = os.path.join(path, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"format": 1, "step": step, "seq": seq, "files": files}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, os.path.join(path, MANIFEST))
 
 
 def _strip_part_index(state: dict) -> tuple[dict, dict[str, str]]:
@@ -106,40 +183,96 @@ class Checkpointer:
                  "data": self._data_state(), "train_state": {"step": step}}
         return state, model_names, optim_names
 
-    def _choose_step(self) -> int:
+    def _check_folder(self) -> None:
+        """Refuse a folder the run could not save into before any step is trained."""
+        folder = self.cfg.folder
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise CheckpointError(f"checkpoint.folder {folder!r} is a file, not a directory: choose another "
+                                  "checkpoint.folder (or move the file away)")
+        probe = folder
+        while not os.path.exists(probe):   # the nearest existing ancestor decides whether it can be created
+            probe = os.path.dirname(os.path.abspath(probe))
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise CheckpointError(f"checkpoint.folder {folder!r}: {probe!r} is not writable, so no save could be "
+                                  "written; choose a writable checkpoint.folder or disable checkpointing "
+                                  "(checkpoint.enable_checkpoint false)")
+
+    def _refuse_foreign_saves(self, saves: list[Save]) -> None:
+        if saves and not self.cfg.overwrite:
+            names = ", ".join(os.path.basename(s.path) for s in saves)
+            raise CheckpointError(
+                f"checkpoint.folder {self.cfg.folder!r} holds saves of another run ({names}) and this run starts "
+                "fresh (checkpoint.load_step 0): its saves would replace them. Resume them (checkpoint.load_step "
+                "-1 or a step), choose another checkpoint.folder, or set checkpoint.overwrite true to let this run "
+                "replace them")
+
+    def _candidates(self, saves: list[Save]) -> list[Save]:
+        """The save the config names, then the older intact-looking ones a damaged one may fall back to."""
         cfg = self.cfg
-        saved = list_saved_steps(cfg.folder)
         if cfg.load_step == -1:
-            return saved[-1] if saved else 0
-        if cfg.load_step not in saved:
-            raise ValueError(f"checkpoint.load_step={cfg.load_step}: no complete checkpoint "
-                             f"{step_dir(cfg.folder, cfg.load_step)} (saved steps: {saved or 'none'}); use -1 for "
-                             "the newest or 0 to start fresh")
-        return cfg.load_step
+            return saves[::-1]
+        named = [s for s in saves if s.step == cfg.load_step]
+        if not named:
+            raise CheckpointError(
+                f"checkpoint.load_step={cfg.load_step}: no complete checkpoint {step_dir(cfg.folder, cfg.load_step)} "
+                f"(saved steps: {sorted(s.step for s in saves) or 'none'}); use -1 for the newest or 0 to start "
+                "fresh")
+        return named + [s for s in saves[::-1] if s.seq < named[0].seq]
+
+    def _damaged(self, save: Save, problem: str, rest: list[Save]) -> CheckpointError:
+        intact = next((s for s in rest if find_damage(s) is None), None)
+        offer = (f"the newest intact save is {intact.path}: resume it with checkpoint.load_step {intact.step}, or "
+                 "set checkpoint.skip_damaged true to take it" if intact else
+                 "no other intact save exists: start fresh (checkpoint.load_step 0 with checkpoint.overwrite true)")
+        return CheckpointError(f"checkpoint step {save.step} is damaged: {problem}; {offer}")
 
     def load(self) -> int:
-        """Restores the checkpoint the config names and returns its step (0 = nothing loaded)."""
+        """Restores the checkpoint the config names and returns its step (0 = nothing loaded). Saves skipped as
+        damaged (``checkpoint.skip_damaged``) are described in ``self.notes``."""
         cfg = self.cfg
-        if not cfg.enable_checkpoint or cfg.load_step == 0:
+        self.notes: list[str] = []
+        if not cfg.enable_checkpoint:
             return 0
-        step = self._choose_step()
-        if step == 0:
+        self._check_folder()
+        saves = list_saves(cfg.folder)
+        if cfg.load_step == 0:
+            self._refuse_foreign_saves(saves)
             return 0
-        path = step_dir(cfg.folder, step)
-        if step > self.total_steps:
-            raise ValueError(f"checkpoint {path} is past training.steps={self.total_steps}; "
-                             "raise training.steps to continue training")
+        candidates = self._candidates(saves)
+        for i, save in enumerate(candidates):
+            problem = find_damage(save)
+            if problem is None:
+                try:
+                    return self._load(save)
+                except CheckpointError:
+                    raise
+                except (Exception, CheckpointException) as e:   # noqa: BLE001 -- a shard DCP cannot read
+                    problem = f"{save.path} cannot be loaded ({_describe(e)})"
+            err = self._damaged(save, problem, candidates[i + 1:])
+            if not cfg.skip_damaged:
+                raise err
+            self.notes.append(f"skipped damaged checkpoint step {save.step}: {problem}")
+        if candidates and cfg.skip_damaged:
+            raise CheckpointError(f"no intact checkpoint in {cfg.folder!r} ({'; '.join(self.notes)}): start fresh "
+                                  "(checkpoint.load_step 0 with checkpoint.overwrite true)")
+        return 0
+
+    def _load(self, save: Save) -> int:
+        path = save.path
+        if save.step > self.total_steps:
+            raise CheckpointError(f"checkpoint {path} is past training.steps={self.total_steps}; "
+                                  "raise training.steps to continue training")
         keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         if "data.position" not in keys:
-            raise ValueError(f"checkpoint {path} has no global data position (data.position): it was written "
-                             "by an older npudist that saved one position per data-parallel rank; resume it with "
-                             "that version, or start fresh (checkpoint.load_step 0)")
+            raise CheckpointError(f"checkpoint {path} has no global data position (data.position): it was "
+                                  "written by an older npudist that saved one position per data-parallel rank; "
+                                  "resume it with that version, or start fresh (checkpoint.load_step 0)")
         # The small part first: a changed batch shape is refused before any model state is read.
         head = {"data": self._data_state(), "train_state": {"step": 0}}
         dcp.load(head, checkpoint_id=path)
         check_batch_shape(head["data"], self.batch_shape, path)
         self.dataset.load_state_dict(head["data"])
-        state, model_names, optim_names = self._state(step)
+        state, model_names, optim_names = self._state(save.step)
         del state["data"], state["train_state"]
         dcp.load(state, checkpoint_id=path)
         set_model_state_dict(self.model, _restore_part_index(state["model"], model_names))
@@ -160,19 +293,53 @@ class Checkpointer:
         final = step_dir(cfg.folder, step)
         tmp = os.path.join(cfg.folder, f"{_TMP_PREFIX}{step}")
         leader = dist.get_rank() == 0
-        if leader:
+
+        def prepare():
             shutil.rmtree(tmp, ignore_errors=True)   # left by a save that was killed
             os.makedirs(cfg.folder, exist_ok=True)
-        dist.barrier()
-        dcp.save(self._state(step)[0], checkpoint_id=tmp)
+
+        _on_leader(leader, prepare, f"cannot create checkpoint step {step} in {cfg.folder!r}")
+        try:
+            dcp.save(self._state(step)[0], checkpoint_id=tmp)
+        except (Exception, CheckpointException) as e:   # noqa: BLE001 -- DCP raises it on every rank
+            raise CheckpointError(f"cannot write checkpoint step {step} into {tmp!r}: {_describe(e)}; check the "
+                                  "folder's space and permissions") from e
         dist.barrier()   # every rank's shards and the metadata are on disk
-        if leader:
+
+        def publish():
+            seq = max((s.seq for s in list_saves(cfg.folder)), default=-1) + 1
+            _write_manifest(tmp, step, seq)
             _replace_dir(tmp, final)
-            if cfg.keep_latest_k > 0:
-                for old in list_saved_steps(cfg.folder)[:-cfg.keep_latest_k]:
-                    shutil.rmtree(step_dir(cfg.folder, old), ignore_errors=True)
-        dist.barrier()   # nobody goes on (or exits and resumes) before step-<N> exists
+            if cfg.keep_latest_k > 0:   # the most recently written k: the save above is always among them
+                for old in list_saves(cfg.folder)[:-cfg.keep_latest_k]:
+                    shutil.rmtree(old.path, ignore_errors=True)
+
+        # Nobody goes on (or exits and resumes) before step-<N> exists, and a failure there reaches every rank.
+        _on_leader(leader, publish, f"cannot publish checkpoint step {step} as {final!r}")
         return True
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: first line`` of an error; for DCP's CheckpointException, of the first failing rank's error."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (inner, _) = sorted(e.failures.items())[0]
+        return f"rank {rank}: {_describe(inner)}"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else repr(e)}"
+
+
+def _on_leader(leader: bool, fn, what: str) -> None:
+    """Run ``fn`` on rank 0 only; every rank then raises CheckpointError if it failed (instead of the others
+    waiting in the next collective for a rank that has died)."""
+    err = [None]
+    if leader:
+        try:
+            fn()
+        except OSError as e:
+            err[0] = f"{what}: {e}"
+    dist.broadcast_object_list(err, src=0)
+    if err[0] is not None:
+        raise CheckpointError(err[0])
 
 
 def _replace_dir(src: str, dst: str) -> None:

@@ -131,6 +131,8 @@ def train(plan, log_stream=None) -> RunResult:
     ckpt = Checkpointer(plan.checkpoint, pm.parts, optimizer, scheduler, dataset, plan.data.global_batch_size,
                         steps)
     start = ckpt.load()
+    for note in ckpt.notes:
+        logger.message(note)
     if start:
         logger.message(f"resumed from {plan.checkpoint.folder}/step-{start}")
     # After loading: DCP may step the optimizer once to create its state, which must stay on the device.
