@@ -299,8 +299,9 @@ def _check_unpermute_map(op, permuted, sorted_indices, restore_shape, probs, rou
     if permuted.dim() != 2 or sorted_indices.dim() != 1 or sorted_indices.shape[0] != permuted.shape[0]:
         _fail(op, f"permuted_tokens (P, H) and sorted_indices (P,) must match, got {tuple(permuted.shape)} and "
                   f"{tuple(sorted_indices.shape)}")
-    if len(restore_shape) != 2 or restore_shape[1] != permuted.shape[1]:
-        _fail(op, f"restore_shape must be (num_tokens, {permuted.shape[1]}), got {list(restore_shape)}")
+    # the hidden size comes from permuted_tokens: a kernel on a hidden-sharded DTensor sees its local shard
+    if len(restore_shape) != 2:
+        _fail(op, f"restore_shape must be (num_tokens, hidden), got {list(restore_shape)}")
     n = restore_shape[0]
     if probs is not None:
         if routing_map is None or probs.shape != routing_map.shape or probs.dim() != 2 or probs.shape[0] != n:
@@ -354,7 +355,7 @@ def _moe_unpermute_routing_map(permuted_tokens, sorted_indices, restore_shape, p
 def _(permuted_tokens, sorted_indices, restore_shape, probs, routing_map, drop_and_pad):
     _check_unpermute_map("npu_moe_token_unpermute_with_routing_map", permuted_tokens, sorted_indices,
                          restore_shape, probs, routing_map, drop_and_pad)
-    return permuted_tokens.new_empty(restore_shape)
+    return permuted_tokens.new_empty(restore_shape[0], permuted_tokens.shape[1])
 
 
 @custom_op("npu::_moe_unpermute_routing_map_backward", mutates_args=(), device_types="npu", schema=(

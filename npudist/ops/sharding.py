@@ -3,8 +3,11 @@
 Rules: every operator accepts all-Replicate inputs; the row-wise operators (rms_norm, swiglu, geglu, rotary_mul,
 scaled_masked_softmax) also accept inputs sharded on a leading (batch/sequence/head) dim they do not reduce
 over, giving outputs sharded the same way; backward operators produce ``Partial`` (summed) gradients for
-replicated weights. npu_fusion_attention, apply_adam_w and grouped_matmul have no rule: on DTensors they raise
-DTensor's error naming the operator (run them on local shards, e.g. under ``local_map``).
+replicated weights. The MoE token permute/unpermute kernels (both forms) move whole token rows, so tokens sharded
+on the hidden dim (Shard(1)) with replicated indices, routing map and probs give hidden-sharded outputs; the
+gradient of the replicated probs is then ``Partial`` (a sum over hidden). npu_fusion_attention, apply_adam_w
+and grouped_matmul have no rule: on DTensors they raise DTensor's error naming the operator (run them on local
+shards, e.g. under ``local_map``).
 
 ``torch.distributed.tensor`` costs seconds to import, so ``import npudist`` does not register these;
 ``import torch_npu`` does, and npudist-only programs call :func:`register` once.
@@ -102,9 +105,53 @@ def _register_rules() -> None:
         return rules
 
 
+def _register_moe_rules() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    ops = torch.ops.npu
+    R, H = Replicate(), Shard(1)
+
+    def opt(t, p):  # an optional tensor argument: no placement when absent
+        return None if t is None else p
+
+    @register_sharding(ops.npu_moe_token_permute.default)
+    def _(tokens, indices, num_out_tokens=None, padded_mode=False):
+        return [([R, R], [R, R, None, None]), ([H, R], [H, R, None, None])]
+
+    @register_sharding(ops._moe_unpermute.default)
+    def _(permuted, sorted_indices, probs, topk):
+        return [([R], [R, R, opt(probs, R), None]), ([H], [H, R, opt(probs, R), None])]
+
+    @register_sharding(ops._moe_unpermute_backward.default)
+    def _(grad, permuted, sorted_indices, probs, topk):
+        return [([R, opt(probs, R)], [R, R, R, opt(probs, R), None]),
+                ([H, opt(probs, Partial())], [H, H, R, opt(probs, R), None])]
+
+    @register_sharding(ops._moe_permute_routing_map.default)
+    def _(tokens, routing_map, probs, num_out_tokens, drop_and_pad):
+        return [([R, R, R], [R, R, opt(probs, R), None, None]), ([H, R, R], [H, R, opt(probs, R), None, None])]
+
+    @register_sharding(ops._moe_permute_routing_map_backward.default)
+    def _(grad_permuted, grad_probs, routing_map, sorted_indices, num_out_tokens, drop_and_pad, num_tokens):
+        gp = opt(grad_probs, R)
+        return [([R, gp], [R, gp, R, R, None, None, None]), ([H, gp], [H, gp, R, R, None, None, None])]
+
+    @register_sharding(ops._moe_unpermute_routing_map.default)
+    def _(permuted, sorted_indices, restore_shape, probs, routing_map, drop_and_pad):
+        p, m = opt(probs, R), opt(routing_map, R)
+        return [([R], [R, R, None, p, m, None]), ([H], [H, R, None, p, m, None])]
+
+    @register_sharding(ops._moe_unpermute_routing_map_backward.default)
+    def _(grad, permuted, sorted_indices, probs, routing_map, drop_and_pad):
+        p, m = opt(probs, R), opt(routing_map, R)
+        return [([R, p], [R, R, R, p, m, None]), ([H, opt(probs, Partial())], [H, H, R, p, m, None])]
+
+
 def register() -> None:
     """Register the DTensor rules (idempotent); imports torch.distributed.tensor."""
     global _registered
     if not _registered:
         _register_rules()
+        _register_moe_rules()
         _registered = True
