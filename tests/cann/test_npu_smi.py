@@ -50,18 +50,23 @@ def test_npu_smi_info_shows_a_4_rank_job(tmp_path):
     release = tmp_path / "release"
     proc = start_npurun(["--nproc", "4", str(SCRIPT), str(release)], tmp_path)
     lines, pump = collect_lines(proc.stdout)
+    # stderr is drained as it comes too: four ranks' start-up warnings could fill an unread pipe and block a
+    # rank before it says READY.
+    errors, err_pump = collect_lines(proc.stderr)
     try:
         deadline = time.monotonic() + 240
         while sum("READY" in ln for ln in lines) < 4 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         ready = [ln for ln in lines if "READY" in ln]
-        assert len(ready) == 4, "".join(lines)
+        assert len(ready) == 4, (f"exit code {proc.poll()}\nstdout:\n" + "".join(lines) + "\nstderr:\n"
+                                 + "".join(errors)[-4000:])
         pids = {int(ln.split("READY ")[1].split()[0]) for ln in ready}
         res = _npu_smi("info")
     finally:
         release.touch()
         pump.join(timeout=60)
-        result = finish(proc, stdout_lines=lines)
+        err_pump.join(timeout=60)
+        result = finish(proc, stdout_lines=lines, stderr_lines=errors)
     assert res.returncode == 0, res.stderr
     devices, procs = _device_rows(res.stdout), _process_rows(res.stdout)
     assert sorted(devices) == list(range(8)), res.stdout

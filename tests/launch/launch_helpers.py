@@ -66,8 +66,10 @@ def collect_lines(stream) -> tuple[list[str], threading.Thread]:
     return lines, t
 
 
-def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT, stdout_lines: list[str] | None = None) -> Result:
-    """Wait for npurun (killing its whole session on timeout) and collect its output."""
+def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT, stdout_lines: list[str] | None = None,
+           stderr_lines: list[str] | None = None) -> Result:
+    """Wait for npurun (killing its whole session on timeout) and collect its output (``*_lines``: a stream
+    that collect_lines consumed)."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -76,6 +78,8 @@ def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT, stdout_lines
         pytest.fail(f"npurun timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
     if stdout_lines is not None:  # stdout was consumed by collect_lines
         out = "".join(stdout_lines)
+    if stderr_lines is not None:
+        err = "".join(stderr_lines)
     return Result(proc.returncode, out or "", err or "")
 
 
