@@ -19,6 +19,7 @@ from npudist.ops import matmul as _matmul
 from npudist.ops import optim as _optim
 from npudist.ops import sharding as _sharding
 from npudist.device.swapped_memory import empty_with_swapped_memory  # noqa: F401 (torch_npu's API)
+from torch_npu._C import _distributed_c10d as _c10d  # noqa: F401 (torch_npu._C._distributed_c10d.ProcessGroupHCCL)
 
 npudist.register()  # the npu device, the hccl backend and the npu operators (also when autoload is off)
 npu = torch.npu

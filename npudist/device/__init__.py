@@ -57,6 +57,14 @@ from npudist.device import amp, memory
 from npudist.device.compat import *  # noqa: F401,F403  (Ascend-only names, compat.__all__)
 from npudist.device import compat
 from npudist.device.memory import *  # noqa: F401,F403  (names listed in memory.__all__)
+# torch_npu's names beyond torch.cuda's (docs/torch_npu.md, "The torch_npu surface"); each module's __all__.
+from npudist.device import ascend_amp, ascend_options, ascend_runtime, legacy_storage, sync_debug
+from npudist.device.ascend_amp import *  # noqa: F401,F403
+from npudist.device.ascend_options import *  # noqa: F401,F403
+from npudist.device.ascend_runtime import *  # noqa: F401,F403
+from npudist.device.legacy_storage import *  # noqa: F401,F403
+from npudist.device.mstx import mstx
+from npudist.device.sync_debug import *  # noqa: F401,F403
 
 
 def _is_in_bad_fork() -> bool:
@@ -72,7 +80,8 @@ __all__ = [
     "is_current_stream_capturing", "is_initialized", "make_graphed_callables", "manual_seed",
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
-] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")]
+] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")] + ["mstx"] + [
+    n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, sync_debug) for n in m.__all__]
 
 _registration.register(__name__)
 shallow_copy.register()

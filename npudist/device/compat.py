@@ -17,7 +17,7 @@ import torch
 _jit_compile = True
 
 
-def set_compile_mode(jit_compile: bool = True) -> None:
+def set_compile_mode(jit_compile: bool = False) -> None:
     """Record Ascend's operator compile mode (no effect on the emulated device; see module doc)."""
     global _jit_compile
     if not isinstance(jit_compile, bool):
