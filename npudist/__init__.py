@@ -27,14 +27,26 @@ _cann_environment.configure()
 
 def register() -> None:
     """Register the npu device and the hccl backend (idempotent). Raises ImportError/OSError naming the
-    missing piece if a C++ extension cannot be loaded."""
+    missing piece if a C++ extension cannot be loaded, and ``npudist.env.EnvVarError`` (a ValueError) naming a
+    malformed environment variable (docs/environment.md)."""
+    from npudist import env
+
+    env.check(("device",))  # before the device extension loads: it reads these variables once
     import npudist.device  # noqa: F401  (the npu device; must come first: hccl hands it the runtime)
-    import npudist.hccl  # noqa: F401
+    import npudist.hccl  # noqa: F401  (registration reads no variable: each process group checks its own)
     import npudist.ops  # noqa: F401  (fused operators, torch.ops.npu.*)
     from npudist.compile import attention
 
     attention.register()   # npu attention under torch.compile (see there); needs no Dynamo/Inductor import
     _cann_environment.load_libraries()  # libtorch_npu.so + libascendcl.so, as torch_npu's import loads them
+    env.check(("hccl", "engine", "data"))
+
+
+def _forget_package() -> None:
+    """Forget the half-imported package so that the user's own `import npudist` runs registration again and
+    raises the real error where their script asks for npudist."""
+    for name in [m for m in sys.modules if m == "npudist" or m.startswith("npudist.")]:
+        del sys.modules[name]
 
 
 def _autoload() -> None:
@@ -42,15 +54,30 @@ def _autoload() -> None:
 
     torch turns any exception here into a RuntimeError that makes ``import torch`` itself fail, for every
     program in the environment. A broken npudist (say, extensions not built) must not do that: it warns
-    with the cause and the fix, and torch works without the npu device."""
+    with the cause and the fix, and torch works without the npu device. A malformed environment variable
+    is reported the same way, and every later use of what it configures raises its error
+    (``npudist.unavailable``)."""
+    import warnings
+
+    from npudist import env
+
     try:
         register()
+    except env.EnvVarError as e:
+        if not hasattr(sys.modules.get("torch"), "npu"):
+            from npudist import unavailable
+
+            unavailable.install(e)
+            _forget_package()
+            what = ("The npu device and the hccl backend are unavailable: every use of them raises this error "
+                    "until the variable is fixed")
+        else:
+            what = ("The npu device works; creating an hccl process group raises this error until the variable "
+                    "is fixed")
+        warnings.warn(f"npudist: {e}. {what} (accepted values: docs/environment.md). torch works without npudist "
+                      "with TORCH_DEVICE_BACKEND_AUTOLOAD=0.", RuntimeWarning, stacklevel=2)
     except Exception as e:  # noqa: BLE001 - any failure: report, keep torch importable
-        # Forget the half-imported package so that the user's own `import npudist` runs registration again
-        # and raises the real error where their script asks for npudist.
-        for name in [m for m in sys.modules if m == "npudist" or m.startswith("npudist.")]:
-            del sys.modules[name]
-        import warnings
+        _forget_package()
         warnings.warn(
             f"npudist: the npu device and hccl backend were not registered at `import torch` "
             f"({type(e).__name__}: {e}). torch works without them. Fix the cause above (an extension that is not "

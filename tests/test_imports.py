@@ -54,14 +54,16 @@ def test_autoload_switch_off_then_import_or_explicit_register():
     assert r.stdout.split() == ["False", "True"]
 
 
-def test_broken_npudist_leaves_torch_importable_with_an_actionable_warning():
-    # A malformed device setting makes device registration raise; `import torch` must still work.
+def test_malformed_device_variable_leaves_torch_importable_and_npu_use_raises_its_error():
+    # A malformed device setting makes device registration raise; `import torch` must still work, warn with the
+    # variable's error, and every npu use must raise that error (not torch's "Expected one of cpu, cuda, ...").
     r = _python("import warnings\nwarnings.simplefilter('always')\nimport torch\n"
-                "print(torch.ones(3).sum().item(), hasattr(torch, 'npu'))", NPUDIST_DEVICE_COUNT="abc")
-    assert r.returncode == 0, r.stderr
+                "print(torch.ones(3).sum().item(), torch.npu.is_available())\n"
+                "torch.ones(4, device='npu')", NPUDIST_DEVICE_COUNT="abc")
+    assert r.returncode != 0
     assert r.stdout.split() == ["3.0", "False"]
-    assert "npudist: the npu device and hccl backend were not registered" in r.stderr
-    assert "NPUDIST_DEVICE_COUNT='abc'" in r.stderr and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in r.stderr
+    assert "RuntimeWarning: npudist: NPUDIST_DEVICE_COUNT='abc' is not a device count" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("npudist.env.EnvVarError: NPUDIST_DEVICE_COUNT='abc'")
     r = _python("import npudist\nnpudist.register()", NPUDIST_DEVICE_COUNT="abc", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r.returncode != 0 and "NPUDIST_DEVICE_COUNT" in r.stderr
 

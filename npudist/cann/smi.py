@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import struct
 import sys
 from dataclasses import dataclass, field
 
+from npudist import env
+
 SHM = "/dev/shm"
 PREFIX = "npudist-usage-"           # NPUDIST_USAGE_PREFIX (npudist/runtime_usage.h)
 MAGIC = b"NPUUSAGE"
-MAX_DEVICES = 64
+MAX_DEVICES = env.MAX_DEVICES
 RECORD = struct.Struct(f"=8sIi{MAX_DEVICES}Q{MAX_DEVICES}Q")  # NpudistUsageRecord, version 1
 SOC_NAME = "NpudistEmulatedNPU"      # aclrtGetSocName of the emulated libascendcl.so
 MIB = 1 << 20
 EXIT_USAGE = 2
-
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 1 << 10, "MIB": 1 << 20,
-               "GIB": 1 << 30, "TIB": 1 << 40, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 @dataclass
@@ -39,25 +37,9 @@ class Process:
     capacity: dict[int, int] = field(default_factory=dict)   # physical device -> bytes
 
 
-def parse_size(raw: str, var: str) -> int:
-    """A size such as 16GiB, 512MiB, 1GB or a byte count (the runtime's NPUDIST_DEVICE_MEMORY syntax)."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", raw)
-    unit = _SIZE_UNITS.get(m.group(2).upper()) if m else None
-    try:
-        value = float(m.group(1)) * unit if m and unit else -1
-    except ValueError:
-        value = -1
-    if not value > 0:
-        raise ValueError(f"{var}='{raw}' is not a positive size: use e.g. 16GiB, 512MiB, 1GB or a byte count")
-    return int(value)
-
-
 def configured_devices() -> tuple[int, int]:
     """(device count, capacity in bytes) from this command's environment, as the runtime reads it."""
-    raw = os.environ.get("NPUDIST_DEVICE_COUNT", "8")
-    if not raw.strip().isdigit() or not 0 <= int(raw) <= MAX_DEVICES:
-        raise ValueError(f"NPUDIST_DEVICE_COUNT='{raw}' must be an integer in 0..{MAX_DEVICES}")
-    return int(raw), parse_size(os.environ.get("NPUDIST_DEVICE_MEMORY", "16GiB"), "NPUDIST_DEVICE_MEMORY")
+    return env.read("NPUDIST_DEVICE_COUNT"), env.read("NPUDIST_DEVICE_MEMORY")
 
 
 def _maps_record(pid: int, path: str) -> bool:

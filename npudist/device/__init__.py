@@ -4,7 +4,7 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
-import os as _os
+from npudist import env as _env
 
 from npudist.device import _registration, kernel_queue, linear_ce_defaults, meta_warnings, shallow_copy
 from npudist.device.core import (
@@ -92,11 +92,7 @@ kernel_queue.register()
 # generated npu code calls torch.npu.launch.host_ordered_call).
 launch = kernel_queue
 
-_SANITIZER_FLAG = _os.environ.get("NPUDIST_STREAM_SANITIZER", "0")
-if _SANITIZER_FLAG not in ("", "0", "1"):
-    raise ValueError(f"NPUDIST_STREAM_SANITIZER={_SANITIZER_FLAG!r}: expected 1 (check stream synchronization) "
-                     "or 0 (off, the default)")
-if _SANITIZER_FLAG == "1":
+if _env.read("NPUDIST_STREAM_SANITIZER"):
     from npudist.device import sanitizer   # only when asked for (docs/debugging.md): no mode installed otherwise
     sanitizer.enable()
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from npudist import _C
+from npudist import _C, env
 from npudist.device import host_memory, mem_pool
 from npudist.device.device_index import device_index as _device_index
 from npudist.device.pluggable_allocator import NPUPluggableAllocator, _NPUAllocator
@@ -350,7 +350,7 @@ def _attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None
 
 
 def _dump_oom_snapshot(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
-    directory = os.environ.get("OOM_SNAPSHOT_PATH") or os.getcwd()
+    directory = env.read("OOM_SNAPSHOT_PATH") or os.getcwd()
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"oom_snapshot_{os.getpid()}_{time.strftime('%Y%m%d%H%M%S')}.pickle")
     _dump_snapshot(path)
@@ -360,11 +360,9 @@ def _dump_oom_snapshot(device: int, alloc: int, device_allocated: int, device_fr
 
 def _install_oom_snapshot() -> None:
     """OOM_SNAPSHOT_ENABLE=1: record full history and dump a snapshot on OOM; =2: current state only."""
-    mode = os.environ.get("OOM_SNAPSHOT_ENABLE", "0").strip()
-    if mode in ("", "0"):
+    mode = env.read("OOM_SNAPSHOT_ENABLE")
+    if mode == "0":
         return
-    if mode not in ("1", "2"):
-        raise ValueError(f"OOM_SNAPSHOT_ENABLE={mode!r}: use 0 (off), 1 (state and history) or 2 (state only)")
     _record_memory_history("all" if mode == "1" else "state", context="all", stacks="python")
     _attach_out_of_memory_observer(_dump_oom_snapshot)
 

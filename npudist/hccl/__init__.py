@@ -19,10 +19,13 @@ See docs/hccl.md and docs/debugging.md.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import default_pg_timeout as _default_pg_timeout
+
+from npudist import env
 
 from . import _C
 from ._C import ProcessGroupHCCL
@@ -40,6 +43,7 @@ def is_available() -> bool:
 
 def _create_backend(dist_opts, pg_options):
     """Creator called by torch.distributed (extended API) for every group that uses hccl."""
+    env.check(("hccl", "engine"))   # a script may have set them after import; the extension reads them now
     if pg_options is None:
         opts = Options()
     elif isinstance(pg_options, Options):
@@ -57,7 +61,22 @@ def _create_backend(dist_opts, pg_options):
     opts.global_ranks_in_group = list(dist_opts.global_ranks_in_group)
     opts.group_name = dist_opts.group_id
     _hand_over_runtime()
-    return ProcessGroupHCCL(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, opts)
+    try:
+        return ProcessGroupHCCL(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, opts)
+    except RuntimeError as e:
+        _name_buffer_variable(e, opts)
+        raise
+
+
+def _name_buffer_variable(e: RuntimeError, opts) -> None:
+    """A staging buffer the host cannot map fails deep in the engine (mmap: Cannot allocate memory); when
+    HCCL_BUFFSIZE chose its size, say so."""
+    size = env.read("HCCL_BUFFSIZE")
+    if size is None or opts.hccl_config.get("hccl_buffer_size") or "Cannot allocate memory" not in str(e):
+        return
+    raise env.EnvVarError("HCCL_BUFFSIZE", os.environ["HCCL_BUFFSIZE"], "a staging buffer size in MB that "
+                          "this host's shared memory can hold (unset it for the 8 MB default)",
+                          f"({size} MB per rank could not be mapped: {e})") from e
 
 
 _runtime_handed_over = False
