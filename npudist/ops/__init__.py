@@ -13,7 +13,9 @@ OPS = (
     "npu_geglu", "npu_scaled_masked_softmax", "npu_apply_adam_w", "npu_grouped_matmul",
     "npu_grouped_matmul_add", "npu_grouped_matmul_add_", "npu_moe_token_permute", "npu_moe_token_unpermute",
     "npu_moe_token_permute_with_routing_map", "npu_moe_token_unpermute_with_routing_map", "npu_moe_init_routing",
-    "npu_moe_finalize_routing", "npu_moe_compute_expert_tokens",
+    "npu_moe_finalize_routing", "npu_moe_compute_expert_tokens", "npu_rms_norm_backward", "npu_add_rms_norm",
+    "npu_add_rms_norm_cast", "npu_gemma_rms_norm", "npu_layer_norm_eval", "npu_fast_gelu", "npu_silu", "npu_mish",
+    "npu_gelu_mul", "npu_clipped_swiglu",
 )
 
 # torch_npu call forms that differ from the torch.ops.npu operator (in-place ops returning their input).

@@ -7,6 +7,8 @@
 * ``npu::npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=False)``: softmax over the last dim of
   ``x * scale`` with ``mask`` True positions filled with -10000 (Ascend's fill value); ``fixed_triu_mask`` uses
   ``triu(ones, 1)`` over the last two dims instead of ``mask``. Computed in float32, returned in x's dtype.
+* ``npu_fast_gelu`` (``x * sigmoid(1.702 x)``), ``npu_silu``, ``npu_mish``, ``npu_gelu_mul`` and
+  ``npu_clipped_swiglu``: their documented formulas, next to each below.
 """
 from __future__ import annotations
 
@@ -185,3 +187,263 @@ def _sms_backward(ctx, grad):
 
 
 register_autograd("npu::npu_scaled_masked_softmax", _sms_backward, setup_context=_sms_setup)
+
+
+# ---- elementwise activations --------------------------------------------------------------------------------
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """16-bit inputs are computed in float32; float32/float64 as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+_FAST_GELU_ALPHA = 1.702
+
+
+# npu_fast_gelu(x) = x / (1 + exp(-1.702 x)) = x * sigmoid(1.702 x) (the documented formula of the A2/A3 parts;
+# the older parts' formula is the same function written to avoid overflow).
+@custom_op("npu::npu_fast_gelu", mutates_args=(), device_types="npu", schema="(Tensor self) -> Tensor")
+def npu_fast_gelu(x):
+    xf = _up(x)
+    return (xf * torch.sigmoid(_FAST_GELU_ALPHA * xf)).to(x.dtype)
+
+
+@npu_fast_gelu.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@custom_op("npu::npu_fast_gelu_backward", mutates_args=(), device_types="npu",
+           schema="(Tensor grad, Tensor self) -> Tensor")
+def npu_fast_gelu_backward(grad, x):
+    xf = _up(x)
+    s = torch.sigmoid(_FAST_GELU_ALPHA * xf)
+    return (_up(grad) * (s + _FAST_GELU_ALPHA * xf * s * (1 - s))).to(x.dtype)
+
+
+@npu_fast_gelu_backward.register_fake
+def _(grad, x):
+    return torch.empty_like(x)
+
+
+def _save_input(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+register_autograd("npu::npu_fast_gelu",
+                  lambda ctx, g: torch.ops.npu.npu_fast_gelu_backward(g, ctx.saved_tensors[0]),
+                  setup_context=_save_input)
+
+
+# npu_silu(x) = x * sigmoid(x); npu_mish(x) = x * tanh(softplus(x)), softplus(x) = ln(1 + e^x).
+@custom_op("npu::npu_silu", mutates_args=(), device_types="npu", schema="(Tensor self) -> Tensor")
+def npu_silu(x):
+    xf = _up(x)
+    return (xf * torch.sigmoid(xf)).to(x.dtype)
+
+
+@npu_silu.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@custom_op("npu::npu_silu_backward", mutates_args=(), device_types="npu",
+           schema="(Tensor grad_output, Tensor x0, Tensor x1) -> Tensor")
+def npu_silu_backward(grad, x, _out):
+    xf = _up(x)
+    s = torch.sigmoid(xf)
+    return (_up(grad) * s * (1 + xf * (1 - s))).to(x.dtype)
+
+
+@npu_silu_backward.register_fake
+def _(grad, x, out):
+    return torch.empty_like(x)
+
+
+def _silu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output)
+
+
+register_autograd("npu::npu_silu", lambda ctx, g: torch.ops.npu.npu_silu_backward(g, *ctx.saved_tensors),
+                  setup_context=_silu_setup)
+
+
+@custom_op("npu::npu_mish", mutates_args=(), device_types="npu", schema="(Tensor self) -> Tensor")
+def npu_mish(x):
+    xf = _up(x)
+    return (xf * torch.tanh(torch.nn.functional.softplus(xf))).to(x.dtype)
+
+
+@npu_mish.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@custom_op("npu::npu_mish_backward", mutates_args=(), device_types="npu",
+           schema="(Tensor grad, Tensor input) -> Tensor")
+def npu_mish_backward(grad, x):
+    xf = _up(x)
+    t = torch.tanh(torch.nn.functional.softplus(xf))
+    # d/dx x tanh(sp(x)) = tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x)
+    return (_up(grad) * (t + xf * (1 - t * t) * torch.sigmoid(xf))).to(x.dtype)
+
+
+@npu_mish_backward.register_fake
+def _(grad, x):
+    return torch.empty_like(x)
+
+
+register_autograd("npu::npu_mish", lambda ctx, g: torch.ops.npu.npu_mish_backward(g, ctx.saved_tensors[0]),
+                  setup_context=_save_input)
+
+
+# ---- gelu_mul: gelu(x1) * x2 over the halves of the last dim ----------------------------------------------------
+def _gelu_mode(approximate: str) -> str:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"npu_gelu_mul: approximate must be 'none' (erf) or 'tanh', got {approximate!r}")
+    return approximate
+
+
+@custom_op("npu::npu_gelu_mul", mutates_args=(), device_types="npu",
+           schema="(Tensor input, *, str approximate='none') -> Tensor")
+def npu_gelu_mul(x, *, approximate="none"):
+    a, b = (_up(t) for t in _halves(x, -1, "npu_gelu_mul"))
+    return (torch.nn.functional.gelu(a, approximate=_gelu_mode(approximate)) * b).to(x.dtype)
+
+
+@npu_gelu_mul.register_fake
+def _(x, *, approximate="none"):
+    _halves(x, -1, "npu_gelu_mul")
+    _gelu_mode(approximate)
+    return x.new_empty(_half_shape(x, -1))
+
+
+@custom_op("npu::_gelu_mul_backward", mutates_args=(), device_types="npu",
+           schema="(Tensor grad, Tensor input, str approximate) -> Tensor")
+def _gelu_mul_backward(grad, x, approximate):
+    a, b = (_up(t) for t in _halves(x, -1, "npu_gelu_mul"))
+    g = _up(grad)
+    da = torch.ops.aten.gelu_backward(g * b, a, approximate=approximate)
+    db = g * torch.nn.functional.gelu(a, approximate=approximate)
+    return torch.cat((da, db), dim=-1).to(x.dtype)
+
+
+@_gelu_mul_backward.register_fake
+def _(grad, x, approximate):
+    return torch.empty_like(x)
+
+
+def _gelu_mul_setup(ctx, inputs, keyword_only_inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.approximate = keyword_only_inputs.get("approximate", "none")
+
+
+register_autograd("npu::npu_gelu_mul",
+                  lambda ctx, g: torch.ops.npu._gelu_mul_backward(g, ctx.saved_tensors[0], ctx.approximate),
+                  setup_context=_gelu_mul_setup)
+
+
+# ---- clipped swiglu --------------------------------------------------------------------------------------------
+# npu_clipped_swiglu(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+# x viewed as [pre, cut * after] around dim; with group_index only the first sum(group_index) pre-rows are
+# computed (the rest of the output is 0); A, B = the (even, odd) or (front, back) halves of each row;
+# A = min(A, limit), B = clamp(B, -limit, limit); y = A * sigmoid(alpha * A) * (B + bias).
+def _clip_plan(x, dim):
+    if x.dim() < 2 or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"npu_clipped_swiglu: x must have more than 1 dim and dim in range, got {x.dim()}-D, "
+                         f"dim {dim}")
+    d = dim % x.dim()
+    if x.shape[d] % 2:
+        raise ValueError(f"npu_clipped_swiglu: size {x.shape[d]} of dim {dim} must be even")
+    pre = 1
+    for s in x.shape[:d]:
+        pre *= s
+    out_shape = list(x.shape)
+    out_shape[d] //= 2
+    return d, pre, out_shape
+
+
+def _clip_halves(x2d, interleaved):
+    if interleaved:
+        return x2d[:, 0::2], x2d[:, 1::2]
+    h = x2d.shape[1] // 2
+    return x2d[:, :h], x2d[:, h:]
+
+
+def _clip_rows(x, group_index, pre):
+    if group_index is None:
+        return pre
+    rows = int(group_index.sum())
+    if rows > pre or bool((group_index < 0).any()):
+        raise ValueError(f"npu_clipped_swiglu: group_index must be non-negative and sum to at most {pre} rows, "
+                         f"got sum {rows}")
+    return rows
+
+
+def _clip_interleave_back(da, db, interleaved):
+    if interleaved:
+        return torch.stack((da, db), dim=-1).flatten(-2)
+    return torch.cat((da, db), dim=-1)
+
+
+@custom_op("npu::_clipped_swiglu", mutates_args=(), device_types="npu", schema=(
+    "(Tensor x, Tensor? group_index, int dim, float alpha, float limit, float bias, bool interleaved) -> Tensor"))
+def _clipped_swiglu(x, group_index, dim, alpha, limit, bias, interleaved):
+    d, pre, out_shape = _clip_plan(x, dim)
+    rows = _clip_rows(x, group_index, pre)
+    a, b = _clip_halves(_up(x).reshape(pre, -1)[:rows], interleaved)
+    a, b = a.clamp(max=limit), b.clamp(-limit, limit)
+    y = torch.zeros(pre, a.shape[1], dtype=a.dtype, device=x.device)
+    y[:rows] = a * torch.sigmoid(alpha * a) * (b + bias)
+    return y.reshape(out_shape).to(x.dtype)
+
+
+@_clipped_swiglu.register_fake
+def _(x, group_index, dim, alpha, limit, bias, interleaved):
+    _, _, out_shape = _clip_plan(x, dim)
+    return x.new_empty(out_shape)
+
+
+@custom_op("npu::_clipped_swiglu_backward", mutates_args=(), device_types="npu", schema=(
+    "(Tensor grad, Tensor x, Tensor? group_index, int dim, float alpha, float limit, float bias, bool interleaved)"
+    " -> Tensor"))
+def _clipped_swiglu_backward(grad, x, group_index, dim, alpha, limit, bias, interleaved):
+    d, pre, _ = _clip_plan(x, dim)
+    rows = _clip_rows(x, group_index, pre)
+    a0, b0 = _clip_halves(_up(x).reshape(pre, -1)[:rows], interleaved)
+    g = _up(grad).reshape(pre, -1)[:rows]
+    a, b = a0.clamp(max=limit), b0.clamp(-limit, limit)
+    s = torch.sigmoid(alpha * a)
+    # clamp passes the gradient where the input is within its bounds (torch.clamp's convention)
+    da = g * (b + bias) * (s + alpha * a * s * (1 - s)) * (a0 <= limit)
+    db = g * a * s * ((b0 >= -limit) & (b0 <= limit))
+    dx = torch.zeros(pre, x.numel() // max(pre, 1), dtype=da.dtype, device=x.device)
+    dx[:rows] = _clip_interleave_back(da, db, interleaved)
+    return dx.reshape(x.shape).to(x.dtype)
+
+
+@_clipped_swiglu_backward.register_fake
+def _(grad, x, group_index, dim, alpha, limit, bias, interleaved):
+    return torch.empty_like(x)
+
+
+def _clip_setup(ctx, inputs, output):
+    x, group_index, *cfg = inputs
+    ctx.save_for_backward(x, group_index)
+    ctx.cfg = cfg
+
+
+def _clip_backward(ctx, grad):
+    x, group_index = ctx.saved_tensors
+    return (torch.ops.npu._clipped_swiglu_backward(grad, x, group_index, *ctx.cfg),) + (None,) * 6
+
+
+register_autograd("npu::_clipped_swiglu", _clip_backward, setup_context=_clip_setup)
+
+
+def npu_clipped_swiglu(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+    return torch.ops.npu._clipped_swiglu(x, group_index, dim, alpha, limit, bias, interleaved)
+
+
+_lib = torch.library.Library("npu", "FRAGMENT")
+_lib.define("npu_clipped_swiglu(Tensor x, *, Tensor? group_index=None, int dim=-1, float alpha=1.702, "
+            "float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor")
+_lib.impl("npu_clipped_swiglu", npu_clipped_swiglu, "CompositeImplicitAutograd")

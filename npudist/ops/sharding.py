@@ -5,7 +5,9 @@ scaled_masked_softmax) also accept inputs sharded on a leading (batch/sequence/h
 over, giving outputs sharded the same way; backward operators produce ``Partial`` (summed) gradients for
 replicated weights. The MoE token permute/unpermute kernels (both forms) move whole token rows, so tokens sharded
 on the hidden dim (Shard(1)) with replicated indices, routing map and probs give hidden-sharded outputs; the
-gradient of the replicated probs is then ``Partial`` (a sum over hidden). npu_fusion_attention, apply_adam_w
+gradient of the replicated probs is then ``Partial`` (a sum over hidden). The elementwise activations
+(fast_gelu, silu, mish) take any sharding, gelu_mul any but the last dim, add_rms_norm, gemma_rms_norm and
+layer_norm_eval a leading dim they do not normalise over. npu_fusion_attention, apply_adam_w
 and grouped_matmul have no rule: on DTensors they raise DTensor's error naming the operator (run them on local
 shards, e.g. under ``local_map``).
 
@@ -148,10 +150,57 @@ def _register_moe_rules() -> None:
         return [([R, p], [R, R, R, p, m, None]), ([H, opt(probs, Partial())], [H, H, R, p, m, None])]
 
 
+def _register_norm_activation_rules() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    ops = torch.ops.npu
+    R = Replicate()
+
+    def elementwise(n_in):  # y = f(x) (and its backward f'(x) * g): any dim
+        def rules(x, *rest):
+            return [([R], [R] * n_in)] + [([Shard(d)], [Shard(d)] * n_in) for d in range(x.ndim)]
+        return rules
+
+    for op, n_in in ((ops.npu_fast_gelu, 1), (ops.npu_fast_gelu_backward, 2), (ops.npu_silu, 1),
+                     (ops.npu_silu_backward, 3), (ops.npu_mish, 1), (ops.npu_mish_backward, 2)):
+        register_sharding(op.default)(elementwise(n_in))
+
+    @register_sharding(ops.npu_gelu_mul.default)
+    def _(x, *, approximate="none"):
+        return [([R], [R])] + [([Shard(d)], [Shard(d)]) for d in range(x.ndim - 1)]
+
+    @register_sharding(ops._gelu_mul_backward.default)
+    def _(grad, x, approximate):
+        return [([R], [R, R, None])] + [([Shard(d)], [Shard(d), Shard(d), None]) for d in range(x.ndim - 1)]
+
+    @register_sharding(ops.npu_add_rms_norm.default)
+    def _(x1, x2, gamma, epsilon=1e-6):
+        rules = [([R, R, R], [R, R, R, None])]
+        for d in _batch_dims(x1.ndim, gamma.ndim):
+            rules.append(([Shard(d), Shard(d), Shard(d)], [Shard(d), Shard(d), R, None]))
+        return rules
+
+    @register_sharding(ops.npu_gemma_rms_norm.default)
+    def _(x, gamma, epsilon=1e-6):
+        rules = [([R, R], [R, R, None])]
+        for d in _batch_dims(x.ndim, gamma.ndim):
+            rules.append(([Shard(d), Shard(d)], [Shard(d), R, None]))
+        return rules
+
+    @register_sharding(ops.npu_layer_norm_eval.default)
+    def _(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+        w, b = (None if t is None else R for t in (weight, bias))
+        return [([R], [R, None, w, b, None])] + [
+            ([Shard(d)], [Shard(d), None, w, b, None]) for d in _batch_dims(x.ndim, len(normalized_shape))]
+
+
+
 def register() -> None:
     """Register the DTensor rules (idempotent); imports torch.distributed.tensor."""
     global _registered
     if not _registered:
         _register_rules()
         _register_moe_rules()
+        _register_norm_activation_rules()
         _registered = True

