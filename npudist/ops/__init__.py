@@ -15,8 +15,9 @@ OPS = (
     "npu_moe_token_permute_with_routing_map", "npu_moe_token_unpermute_with_routing_map", "npu_moe_init_routing",
     "npu_moe_finalize_routing", "npu_moe_compute_expert_tokens", "npu_rms_norm_backward", "npu_add_rms_norm",
     "npu_add_rms_norm_cast", "npu_gemma_rms_norm", "npu_layer_norm_eval", "npu_fast_gelu", "npu_silu", "npu_mish",
-    "npu_gelu_mul", "npu_clipped_swiglu",
+    "npu_gelu_mul", "npu_clipped_swiglu", "npu_apply_rotary_pos_emb", "npu_mrope",
 )
 
 # torch_npu call forms that differ from the torch.ops.npu operator (in-place ops returning their input).
-CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_}
+CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_,
+              "npu_apply_rotary_pos_emb": rotary.npu_apply_rotary_pos_emb}

@@ -77,19 +77,21 @@ def _register_rules() -> None:
         return Shard(rd) if rd >= 0 and r.shape[rd] == x.shape[d] else R
 
     @register_sharding(ops.npu_rotary_mul.default)
-    def _(x, r1, r2, rotary_mode="half"):
-        rules = [([R], [R, R, R, None])]
+    def _(x, r1, r2, rotary_mode="half", rotate=None):
+        rot = None if rotate is None else R
+        rules = [([R], [R, R, R, None, rot])]
         for d in range(x.ndim - 1):
-            rules.append(([Shard(d)], [Shard(d), follow(r1, x, d), follow(r2, x, d), None]))
+            rules.append(([Shard(d)], [Shard(d), follow(r1, x, d), follow(r2, x, d), None, rot]))
         return rules
 
     @register_sharding(ops.npu_rotary_mul_backward.default)
-    def _(grad, x, r1, r2, rotary_mode="half"):
-        rules = [([R, R, R], [R, R, R, R, None])]
+    def _(grad, x, r1, r2, rotary_mode="half", rotate=None):
+        rot = None if rotate is None else R
+        rules = [([R, R, R], [R, R, R, R, None, rot])]
         for d in range(x.ndim - 1):
             p1, p2 = follow(r1, x, d), follow(r2, x, d)
             outs = [Shard(d), p1 if p1 != R else Partial(), p2 if p2 != R else Partial()]
-            rules.append((outs, [Shard(d), Shard(d), p1, p2, None]))
+            rules.append((outs, [Shard(d), Shard(d), p1, p2, None, rot]))
         return rules
 
     @register_sharding(ops.npu_scaled_masked_softmax.default)
