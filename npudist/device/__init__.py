@@ -6,7 +6,7 @@ and its public names are re-exported here.
 """
 from npudist import env as _env
 
-from npudist.device import _registration, kernel_queue, linear_ce_defaults, meta_warnings, shallow_copy
+from npudist.device import _registration, cuda_dtypes, kernel_queue, linear_ce_defaults, meta_warnings, shallow_copy
 from npudist.device.core import (
     current_device,
     device,
@@ -88,6 +88,7 @@ shallow_copy.register()
 meta_warnings.install()
 linear_ce_defaults.register()
 kernel_queue.register()
+cuda_dtypes.register()
 # The public name of kernel launch is torch.npu.launch (is_blocking, launch_counts, host_ordered_call; Inductor's
 # generated npu code calls torch.npu.launch.host_ordered_call).
 launch = kernel_queue
