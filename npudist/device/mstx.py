@@ -37,7 +37,7 @@ def _valid(fn: str, message, stream, domain) -> bool:
     if not domain or not isinstance(domain, str):
         warnings.warn(f"Invalid domain for mstx.{fn}. Please provide a valid domain string.")
         return False
-    if stream and not (isinstance(stream, torch.Stream) and stream.device_type == torch.device("npu").type):
+    if stream and not (isinstance(stream, torch.Stream) and stream.device.type == "npu"):
         warnings.warn(f"Invalid stream for mstx.{fn}. Please provide a valid torch.npu.Stream.")
         return False
     return True
