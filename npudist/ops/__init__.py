@@ -5,7 +5,7 @@ an autograd formula (a backward operator where one is needed) and a fake kernel,
 DTensor can trace it. Importing npudist registers them; ``torch_npu`` re-exports them at its top level.
 Semantics and the differences from Ascend: docs/torch_npu.md.
 """
-from npudist.ops import activation, attention, matmul, moe, norm, optim, rotary  # noqa: F401  (registration)
+from npudist.ops import activation, aten_matmul, attention, matmul, moe, norm, optim, rotary  # noqa: F401  (registration)
 
 # Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
 OPS = (

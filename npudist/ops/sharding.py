@@ -7,7 +7,9 @@ replicated weights. The MoE token permute/unpermute kernels (both forms) move wh
 on the hidden dim (Shard(1)) with replicated indices, routing map and probs give hidden-sharded outputs; the
 gradient of the replicated probs is then ``Partial`` (a sum over hidden). The elementwise activations
 (fast_gelu, silu, mish) take any sharding, gelu_mul any but the last dim, add_rms_norm, gemma_rms_norm and
-layer_norm_eval a leading dim they do not normalise over. npu_fusion_attention, apply_adam_w
+layer_norm_eval a leading dim they do not normalise over. aten.matmul and aten.matmul_backward have rules for
+the linear ((..., m, k) @ (k, n)) and equal-batch forms: batch/row sharding, and the column- and
+row-parallel (Partial) splits of the weight (see _register_matmul_rules). npu_fusion_attention, apply_adam_w
 and grouped_matmul have no rule: on DTensors they raise DTensor's error naming the operator (run them on local
 shards, e.g. under ``local_map``).
 
@@ -198,6 +200,52 @@ def _register_norm_activation_rules() -> None:
 
 
 
+def _register_matmul_rules() -> None:
+    """aten.matmul and aten.matmul_backward, the aten strategies torch_npu registers (clients look them up in
+    DTensor's strategy table and wrap them). In training, torch.matmul on npu DTensors decomposes into mm/bmm
+    before DTensor sees it (as upstream torch); aten.matmul reaches these rules under inference mode, and
+    aten.matmul_backward when called (npudist has its npu kernel)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    aten = torch.ops.aten
+    R, P = Replicate(), Partial()
+
+    def form(x, w):
+        """'linear' for (..., m, k) @ (k, n), 'batched' for equal-rank operands with equal batch dims."""
+        if x.ndim >= 2 and w.ndim == 2:
+            return "linear"
+        if x.ndim == w.ndim > 2 and tuple(x.shape[:-2]) == tuple(w.shape[:-2]):
+            return "batched"
+        return None
+
+    @register_sharding(aten.matmul.default)
+    def _(x, w):
+        rules, a, kind = [([R], [R, R])], x.ndim, form(x, w)
+        if kind == "linear":
+            rules += [([Shard(d)], [Shard(d), R]) for d in range(a - 1)]
+            rules += [([P], [Shard(a - 1), Shard(0)]), ([Shard(a - 1)], [R, Shard(1)])]
+        elif kind == "batched":
+            rules += [([Shard(d)], [Shard(d), Shard(d)]) for d in range(a - 2)]
+            rules += [([Shard(a - 2)], [Shard(a - 2), R]), ([Shard(a - 1)], [R, Shard(a - 1)]),
+                      ([P], [Shard(a - 1), Shard(a - 2)])]
+        return rules
+
+    @register_sharding(aten.matmul_backward.default)
+    def _(grad, x, w, mask):
+        rules, a, kind = [([R, R], [R, R, R, None])], x.ndim, form(x, w)
+        if kind == "linear":
+            rules += [([Shard(d), P], [Shard(d), Shard(d), R, None]) for d in range(a - 1)]
+            rules += [([Shard(a - 1), Shard(0)], [R, Shard(a - 1), Shard(0), None]),
+                      ([P, Shard(1)], [Shard(a - 1), R, Shard(1), None])]
+        elif kind == "batched":
+            rules += [([Shard(d), Shard(d)], [Shard(d)] * 3 + [None]) for d in range(a - 2)]
+            rules += [([Shard(a - 2), P], [Shard(a - 2), Shard(a - 2), R, None]),
+                      ([P, Shard(a - 1)], [Shard(a - 1), R, Shard(a - 1), None]),
+                      ([Shard(a - 1), Shard(a - 2)], [R, Shard(a - 1), Shard(a - 2), None])]
+        return rules
+
+
 def register() -> None:
     """Register the DTensor rules (idempotent); imports torch.distributed.tensor."""
     global _registered
@@ -205,4 +253,5 @@ def register() -> None:
         _register_rules()
         _register_moe_rules()
         _register_norm_activation_rules()
+        _register_matmul_rules()
         _registered = True

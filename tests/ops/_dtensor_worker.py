@@ -69,6 +69,27 @@ out.pow(2).sum().backward()
 placements["norm_act"] = str(out.placements).replace("dim=0", "dim=1")  # same check as the hidden-sharded ones
 err["norm_act"] = {"out": rel(out.full_tensor(), ref), "dx": rel(xd.grad.full_tensor(), xr.grad),
                    "dx2": rel(x2d.grad.full_tensor(), x2r.grad), "dgamma": rel(gd.grad.full_tensor(), gr.grad)}
+
+# aten.matmul (reaches DTensor under inference mode) and aten.matmul_backward, with the weight column- and
+# row-parallel and the activation batch-sharded
+from torch.distributed.tensor._api import DTensor  # noqa: E402
+
+funcs = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+x, w, dy = torch.randn(4, 3, 8), torch.randn(8, 6), torch.randn(4, 3, 6)
+ref_out = x @ w
+ref_dx, ref_dw = dy @ w.t(), (x.reshape(-1, 8).t() @ dy.reshape(-1, 6))
+mm = {"registered": [str(op) for op in (torch.ops.aten.matmul.default, torch.ops.aten.matmul_backward.default)
+                     if op in funcs]}
+for name, px, pw, pdy in (("column", Replicate(), Shard(1), Shard(2)), ("row", Shard(2), Shard(0), Replicate()),
+                          ("batch", Shard(0), Replicate(), Shard(0))):
+    xd, wd, dyd = (distribute_tensor(t, mesh, [p]) for t, p in ((x, px), (w, pw), (dy, pdy)))
+    with torch.inference_mode():
+        out = torch.matmul(xd, wd)
+    dx, dw = torch.ops.aten.matmul_backward(dyd, xd, wd, [True, True])
+    mm[name] = {"placements": [str(t.placements) for t in (out, dx, dw)],
+                "err": [rel(out.full_tensor().cpu(), ref_out), rel(dx.full_tensor().cpu(), ref_dx),
+                        rel(dw.full_tensor().cpu(), ref_dw)]}
+sys.stdout.write("MATMUL " + json.dumps(mm) + "\n")
 sys.stdout.write("REPORT " + json.dumps({"rank": rank, "placements": placements, "err": err}) + "\n")
 sys.stdout.flush()
 dist.destroy_process_group()
