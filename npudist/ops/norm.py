@@ -136,10 +136,10 @@ def _(x1, x2, gamma, epsilon=1e-6):
 
 
 # ---- Gemma's rms norm -------------------------------------------------------------------------------------
-# npu_gemma_rms_norm(input, gamma, epsilon=1e-6) -> (y, rstd): y = x * rstd * (1 + gamma) (Gemma scales by
+# npu_gemma_rms_norm(self, gamma, epsilon=1e-6) -> (y, rstd): y = x * rstd * (1 + gamma) (Gemma scales by
 # 1 + weight); rstd over the trailing gamma.dim() dims, in input's dtype (as documented).
 @custom_op("npu::npu_gemma_rms_norm", mutates_args=(), device_types="npu",
-           schema="(Tensor input, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)")
+           schema="(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)")
 def npu_gemma_rms_norm(x, gamma, epsilon=1e-6):
     dims = _norm_dims(x, gamma)
     xf = x.float() if x.dtype != torch.float64 else x

@@ -150,7 +150,7 @@ def _(query, key, cos, sin, layout, rotary_mode):
     _check_pos_emb(query, key, cos, sin, layout, rotary_mode)
 
 
-def npu_apply_rotary_pos_emb(query, key, cos, sin, *, layout="BSND", rotary_mode="half"):
+def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
     """``torch_npu.npu_apply_rotary_pos_emb``: updates query and key in place and returns them."""
     torch.ops.npu._apply_rotary_pos_emb_(query, key, cos, sin, layout, rotary_mode)
     return query, key
@@ -239,7 +239,7 @@ def _(positions, query, key, cos_sin_cache, head_size, *, mrope_section=None, ro
 
 
 _lib = torch.library.Library("npu", "FRAGMENT")
-_lib.define("npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, *, "
+_lib.define("npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, "
             "str layout='BSND', str rotary_mode='half') -> (Tensor(a!), Tensor(b!))")
 # Composite: tracing sees the mutating kernel (functionalised by torch.compile) and the returned inputs.
 _lib.impl("npu_apply_rotary_pos_emb", npu_apply_rotary_pos_emb, "CompositeImplicitAutograd")
