@@ -20,6 +20,7 @@ from npudist.ops import optim as _optim
 from npudist.ops import sharding as _sharding
 from npudist.device.swapped_memory import empty_with_swapped_memory  # noqa: F401 (torch_npu's API)
 from torch_npu._C import _distributed_c10d as _c10d  # noqa: F401 (torch_npu._C._distributed_c10d.ProcessGroupHCCL)
+from torch_npu._checksum import matmul_checksum  # noqa: F401 (torch_npu's API)
 
 npudist.register()  # the npu device, the hccl backend and the npu operators (also when autoload is off)
 npu = torch.npu
@@ -52,10 +53,11 @@ torch.utils.checkpoint.DefaultDeviceType.set_device_type("npu")
 
 
 def __getattr__(name):
-    if name == "profiler":  # `import torch_npu; torch_npu.profiler.profile(...)`, as Ascend scripts do
-        import importlib  # noqa: PLC0415 - loaded on first use only
+    if name in ("profiler", "optim", "utils", "distributed", "contrib"):
+        # `import torch_npu; torch_npu.profiler.profile(...)`, as Ascend scripts do (loaded on first use)
+        import importlib  # noqa: PLC0415
 
-        return importlib.import_module(__name__ + ".profiler")
+        return importlib.import_module(__name__ + "." + name)
     if name.startswith("npu_"):
         raise AttributeError(
             f"torch_npu.{name} is an Ascend operator that npudist does not provide; provided: "

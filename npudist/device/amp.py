@@ -15,7 +15,7 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.float16, torch.bfloat16]
 
 
-def is_bf16_supported(including_emulation: bool = True) -> bool:
+def is_bf16_supported(including_emulation: bool = False) -> bool:
     """bfloat16 is supported (it runs through the CPU kernels)."""
     return True
 

@@ -1,7 +1,7 @@
 """Scenarios: the ops Gloo offers beyond the core collectives on cpu and npu tensors:
 all_gather_coalesced (list of lists), recv from any source (+ source rank), sparse COO all_reduce,
 monitored barrier (success, a late rank named, wait_all_ranks naming every missing rank), the
-barrier timeout message, and torch_npu's uneven all_gather / reduce_scatter."""
+barrier timeout message, and torch_npu's uneven all_gather / reduce_scatter and all_to_all_vc."""
 from __future__ import annotations
 
 import time
@@ -150,6 +150,28 @@ def check_uneven(device: str) -> None:
                                                       torch.zeros(WS + 1, 3, device=device),
                                                       input_split_sizes=[1] * WS),
                  ValueError, "Split sizes doesn't match total dim 0 size")
+    check_all_to_all_vc(device)
+
+
+def check_all_to_all_vc(device: str) -> None:
+    from torch_npu.distributed import all_to_all_vc
+
+    # rank i sends (i + j) % 3 + 1 elements to rank j; the parts carry (sender, receiver, index).
+    matrix = [[(i + j) % 3 + 1 for j in range(WS)] for i in range(WS)]
+
+    def part(i, j):
+        return torch.tensor([100.0 * i + 10 * j + k for k in range(matrix[i][j])])
+
+    send = torch.cat([part(RANK, j) for j in range(WS)]).to(device)
+    want = torch.cat([part(i, RANK) for i in range(WS)])
+    for async_op in (False, True):
+        out = torch.zeros(sum(matrix[i][RANK] for i in range(WS)), device=device)
+        w = all_to_all_vc(out, send, matrix, async_op=async_op)
+        if async_op:
+            w.wait()
+        close(out, want, f"all_to_all_vc async={async_op} on {device}")
+    expect_error(lambda: all_to_all_vc(out, send, [[1] * WS]), ValueError, "square")
+    expect_error(lambda: all_to_all_vc(out[1:], send, matrix), ValueError, "output has")
 
 
 def check_barrier_timeout_message() -> None:

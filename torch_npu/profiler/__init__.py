@@ -15,17 +15,24 @@ from torch.profiler import (  # noqa: F401  re-exported under Ascend's names
     ProfilerAction,
     ProfilerActivity,
     record_function,
-    schedule,
     supported_activities,
-    tensorboard_trace_handler,
 )
 
-from ._config import AiCMetrics, ExportType, ProfilerLevel, _ExperimentalConfig
+from ._config import (
+    AiCMetrics,
+    ExportType,
+    HostSystem,
+    ProfilerLevel,
+    _ExperimentalConfig,
+    supported_ai_core_metrics,
+    supported_export_type,
+    supported_profiler_level,
+)
 
 __all__ = [
     "profile", "ProfilerActivity", "ProfilerAction", "schedule", "tensorboard_trace_handler",
     "supported_activities", "record_function", "_ExperimentalConfig", "ProfilerLevel", "AiCMetrics",
-    "ExportType",
+    "ExportType", "HostSystem", "supported_profiler_level", "supported_ai_core_metrics", "supported_export_type",
 ]
 
 
@@ -36,7 +43,17 @@ class profile(_tp.profile):  # noqa: N801 - Ascend's (and torch's) class name
     ``self.npu_experimental_config``; a torch ``_ExperimentalConfig`` is passed through to torch.
     """
 
-    def __init__(self, *args, experimental_config=None, **kwargs):
+    def __init__(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
+                 profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
+                 experimental_config=None, execution_trace_observer=None, custom_trace_id_callback=None,
+                 use_cuda=None):
+        kwargs = dict(activities=activities, schedule=schedule, on_trace_ready=on_trace_ready,
+                      record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+                      with_flops=with_flops, with_modules=with_modules,
+                      execution_trace_observer=execution_trace_observer,
+                      custom_trace_id_callback=custom_trace_id_callback)
+        if use_cuda is not None:
+            kwargs["use_cuda"] = use_cuda
         if isinstance(experimental_config, _ExperimentalConfig):
             experimental_config.check()
             self.npu_experimental_config = experimental_config
@@ -47,4 +64,18 @@ class profile(_tp.profile):  # noqa: N801 - Ascend's (and torch's) class name
                 f"(or torch.profiler._ExperimentalConfig), got {type(experimental_config).__name__}")
         else:
             self.npu_experimental_config = None
-        super().__init__(*args, experimental_config=experimental_config, **kwargs)
+        super().__init__(experimental_config=experimental_config, **kwargs)
+
+
+def schedule(wait: int, active: int, warmup: int = 0, repeat: int = 0, skip_first: int = 0,
+             skip_first_wait: int = 0):
+    """torch.profiler.schedule with torch_npu's positional order (``schedule(wait, active, warmup, ...)``)."""
+    return _tp.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first,
+                        skip_first_wait=skip_first_wait)
+
+
+def tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag: bool = True, async_mode: bool = False):
+    """Write each finished step's trace into ``dir_name`` (default: the working directory) as torch's
+    handler does. ``analyse_flag``/``async_mode`` select Ascend's offline msprof analysis of the collected
+    data; the trace here is already final, so there is nothing to analyse and they change nothing."""
+    return _tp.tensorboard_trace_handler(dir_name if dir_name is not None else ".", worker_name)
