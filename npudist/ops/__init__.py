@@ -5,7 +5,8 @@ an autograd formula (a backward operator where one is needed) and a fake kernel,
 DTensor can trace it. Importing npudist registers them; ``torch_npu`` re-exports them at its top level.
 Semantics and the differences from Ascend: docs/torch_npu.md.
 """
-from npudist.ops import activation, aten_matmul, attention, matmul, moe, norm, optim, rotary  # noqa: F401  (registration)
+from npudist.ops import (activation, aten_matmul, attention, attention_update, layout, loss, matmul, moe,  # noqa: F401
+                         norm, optim, rotary)  # (registration)
 
 # Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
 OPS = (
@@ -15,9 +16,11 @@ OPS = (
     "npu_moe_token_permute_with_routing_map", "npu_moe_token_unpermute_with_routing_map", "npu_moe_init_routing",
     "npu_moe_finalize_routing", "npu_moe_compute_expert_tokens", "npu_rms_norm_backward", "npu_add_rms_norm",
     "npu_add_rms_norm_cast", "npu_gemma_rms_norm", "npu_layer_norm_eval", "npu_fast_gelu", "npu_silu", "npu_mish",
-    "npu_gelu_mul", "npu_clipped_swiglu", "npu_apply_rotary_pos_emb", "npu_mrope",
+    "npu_gelu_mul", "npu_clipped_swiglu", "npu_apply_rotary_pos_emb", "npu_mrope", "npu_cross_entropy_loss",
+    "npu_apply_adam", "npu_ring_attention_update", "npu_attention_update", "npu_transpose", "npu_confusion_transpose",
+    "npu_broadcast", "npu_pad", "npu_one_hot", "npu_dtype_cast",
 )
 
 # torch_npu call forms that differ from the torch.ops.npu operator (in-place ops returning their input).
 CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_,
-              "npu_apply_rotary_pos_emb": rotary.npu_apply_rotary_pos_emb}
+              "npu_apply_rotary_pos_emb": rotary.npu_apply_rotary_pos_emb, "npu_apply_adam": optim.apply_adam}
