@@ -21,6 +21,7 @@ import json
 import re
 import sys
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -78,7 +79,9 @@ class Wheel:
     def tree(self, module: str) -> ast.Module | None:
         if module not in self._trees:
             path = self.path_of(module)
-            self._trees[module] = ast.parse(path.read_text(encoding="utf-8")) if path else None
+            with warnings.catch_warnings():   # the wheel's sources have invalid escapes in docstrings
+                warnings.simplefilter("ignore")
+                self._trees[module] = ast.parse(path.read_text(encoding="utf-8")) if path else None
         return self._trees[module]
 
     def is_package(self, module: str) -> bool:
@@ -421,6 +424,14 @@ def signature_difference(section: str, entry: dict, obj) -> str | None:
                 return None
             got = [[p[0], "keyword_only" if p[1] == "keyword_only" else "positional"] for p in got]
         return None if got == want else _describe(want, got)
+    if "attributes" in entry:
+        try:
+            instance = obj()
+        except Exception as e:  # noqa: BLE001 - reported as the difference
+            return f"cannot construct it without arguments ({type(e).__name__}: {e})"
+        absent = [a for a in entry["attributes"] if not hasattr(instance, a)]
+        if absent:
+            return f"no attributes {absent}"
     if "params" not in entry or entry["kind"] not in ("function", "class", "method"):
         return None
     got = our_params(obj, drop_first=entry["kind"] == "method")

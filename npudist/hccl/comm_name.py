@@ -51,6 +51,10 @@ def backend_of(hcom: str) -> ProcessGroupHCCL:
 
 
 def install() -> None:
-    """``ProcessGroupHCCL.get_hccl_comm_name``, the method name torch_npu's clients call."""
+    """``ProcessGroupHCCL.get_hccl_comm_name`` and ``ProcessGroupHCCL.Options.group_id``, the names
+    torch_npu's clients use (group_id is torch's group name, which the binding calls group_name)."""
     if not hasattr(ProcessGroupHCCL, "get_hccl_comm_name"):
         ProcessGroupHCCL.get_hccl_comm_name = get_hccl_comm_name
+    if not hasattr(ProcessGroupHCCL.Options, "group_id"):
+        ProcessGroupHCCL.Options.group_id = property(lambda o: o.group_name,
+                                                     lambda o, v: setattr(o, "group_name", v))

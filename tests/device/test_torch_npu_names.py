@@ -187,6 +187,8 @@ def test_process_group_hccl_comm_name_and_options():
     assert ProcessGroupHCCL is npudist.hccl.ProcessGroupHCCL
     opts = ProcessGroupHCCL.Options()
     opts.hccl_config = {"hccl_buffer_size": 16}
+    opts.group_id = "g"
+    assert opts.group_name == "g" and opts.group_id == "g"
     store = dist.HashStore()
     dist.init_process_group("hccl", store=store, rank=0, world_size=1, pg_options=opts,
                             timeout=datetime.timedelta(seconds=30))
