@@ -39,8 +39,8 @@ def _parts(x, target, weight, ignore_index):
     lp = torch.log_softmax(x.to(acc), dim=-1)
     keep = target != ignore_index
     t = torch.where(keep, target, 0)
-    w = weight.to(acc) if weight is not None else torch.ones(x.shape[1], dtype=acc, device=x.device)
-    wt = w.gather(0, t) * keep
+    w = weight.to(acc) if weight is not None else None
+    wt = w.gather(0, t) * keep if w is not None else keep.to(acc)
     return lp, wt, w, keep, t
 
 
@@ -57,13 +57,11 @@ def npu_cross_entropy_loss(x, target, weight=None, reduction="mean", ignore_inde
     _check(x, target, weight, reduction, label_smoothing, lse_square_scale_for_zloss, return_zloss)
     lp, wt, w, keep, t = _parts(x, target, weight, ignore_index)
     nll = -lp.gather(1, t.unsqueeze(1)).squeeze(1) * wt
-    smooth = -(lp * w).sum(1) * keep
-    d = _denominator(wt, reduction)
     eps, c = label_smoothing, x.shape[1]
-    if reduction == "none":
-        loss = (1 - eps) * nll + eps / c * smooth
-    else:
-        loss = (((1 - eps) * nll.sum() + eps / c * smooth.sum()) / d).reshape(1)
+    if eps:  # the smoothing term reads all of log_prob once more: only when it counts
+        smooth = -(lp @ w if weight is not None else lp.sum(1)) * keep
+        nll = (1 - eps) * nll + eps / c * smooth
+    loss = nll if reduction == "none" else (nll.sum() / _denominator(wt, reduction)).reshape(1)
     empty = x.new_empty(0)
     return loss.to(x.dtype), lp.to(x.dtype), empty, empty.clone()
 
