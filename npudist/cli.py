@@ -55,7 +55,7 @@ def _env() -> int:
 
 def _plan_check(args, extra: list[str]) -> int:
     from npudist.plan import PlanError, parse_overrides
-    from npudist.plan.check import check_plan, report_dict
+    from npudist.plan.check import capacity_warnings, check_plan, report_dict
 
     overrides, rest = parse_overrides(extra)
     if rest:
@@ -71,9 +71,12 @@ def _plan_check(args, extra: list[str]) -> int:
                       "--world-size N", file=sys.stderr)
                 return EXIT_INVALID
         plan, degrees, text = check_plan(args.plan, args.world_size, overrides)
-    except PlanError as e:
+        warnings = capacity_warnings(plan, degrees)
+    except ValueError as e:   # PlanError, or a malformed NPUDIST_DEVICE_MEMORY
         print(str(e), file=sys.stderr)
         return EXIT_INVALID
+    for line in warnings:
+        print(line, file=sys.stderr)
     try:
         print(json.dumps(report_dict(plan, degrees), indent=1) if args.json else text, flush=True)
     except BrokenPipeError:   # `npudist plan check ... | head`: the reader left; not an error

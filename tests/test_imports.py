@@ -248,7 +248,7 @@ def test_module_graph_detector_sees_function_local_and_extension_imports():
     assert ("npudist.device", True) in edges          # register(): a function-local import
     core = _module_imports("npudist.device.core", modules["npudist.device.core"], modules)
     assert ("npudist._C", False) in {(t, local) for t, _, local in core}   # `from npudist import _C`
-    assert "npudist.launch.options" in module_graph()["npudist.launch.main"]   # `from .options import ...`
+    assert "npudist.launch.options" in module_graph()["npudist.launch.job"]   # `from .options import ...`
 
 
 def test_no_import_cycles_between_npudist_modules():

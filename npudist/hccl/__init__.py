@@ -74,9 +74,10 @@ def _name_buffer_variable(e: RuntimeError, opts) -> None:
     size = env.read("HCCL_BUFFSIZE")
     if size is None or opts.hccl_config.get("hccl_buffer_size") or "Cannot allocate memory" not in str(e):
         return
-    raise env.EnvVarError("HCCL_BUFFSIZE", os.environ["HCCL_BUFFSIZE"], "a staging buffer size in MB that "
-                          "this host's shared memory can hold (unset it for the 8 MB default)",
-                          f"({size} MB per rank could not be mapped: {e})") from e
+    raise env.EnvVarError("HCCL_BUFFSIZE", os.environ["HCCL_BUFFSIZE"],
+                          accepted="a staging buffer size in MB that this host's shared memory can hold (unset it "
+                          "for the 8 MB default)", noun="a buffer size this host can map",
+                          problem=f"({size} MB per rank could not be mapped: {e})") from e
 
 
 _runtime_handed_over = False

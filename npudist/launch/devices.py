@@ -13,7 +13,9 @@ def count_visible_npus() -> int:
     try:
         import torch
 
-        import npudist  # noqa: F401  (registers torch.npu)
+        import npudist
+
+        npudist.register()   # idempotent; npurun imports torch without autoload
     except Exception as e:  # an unbuilt/broken extension surfaces as ImportError or OSError
         raise LaunchError(
             f"the npu device is not available ({type(e).__name__}: {e}); build it with "

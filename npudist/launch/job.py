@@ -14,22 +14,24 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import sys
 import uuid
 from collections.abc import Callable
 
+from torch.distributed import DistStoreError
 from torch.distributed.elastic.multiprocessing import Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_min_max_nnodes
 
 from . import worker
-from .options import HCCL_ENV_OPTIONS, NODE_ID_ENV, parse_args
+from .checks import check_log_dir, check_node_rank, check_ports, check_rank_filters, parse_local_ranks
 from .devices import LaunchError, resolve_nproc
 from .logs import NpurunLogsSpecs
+from .options import HCCL_ENV_OPTIONS, NODE_ID_ENV, parse_args
 from .plan_check import check_plan_args, format_plan_error
 from .summary import JobFacts, Reporter
 
@@ -95,14 +97,8 @@ def make_logs_specs(args: argparse.Namespace, reporter: Reporter) -> NpurunLogsS
         args.tee, args.redirects = "3", "0"
     args.tee = "0" if args.tee is None else args.tee
     args.redirects = "0" if args.redirects is None else args.redirects
-    local_filter = None
-    if args.local_ranks_filter:
-        try:
-            local_filter = {int(r) for r in args.local_ranks_filter.split(",")}
-        except ValueError:
-            raise LaunchError("--local-ranks-filter must be a comma-separated list of integers, e.g. 0,1") from None
     return NpurunLogsSpecs(log_dir=args.log_dir, redirects=Std.from_str(args.redirects),
-                           tee=Std.from_str(args.tee), local_ranks_filter=local_filter,
+                           tee=Std.from_str(args.tee), local_ranks_filter=parse_local_ranks(args.local_ranks_filter),
                            global_ranks_filter=args.ranks_filter, on_start=reporter.on_start)
 
 
@@ -121,6 +117,9 @@ def validate(args: argparse.Namespace) -> None:
                           "use -m for a module")
     if args.run_path and not os.path.isabs(args.training_script):
         args.training_script = os.path.abspath(args.training_script)
+    check_node_rank(args)
+    check_ports(args)
+    check_log_dir(args.log_dir)
 
 
 def planned_world_size(args: argparse.Namespace, nproc: int) -> int | None:
@@ -130,8 +129,8 @@ def planned_world_size(args: argparse.Namespace, nproc: int) -> int | None:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Launch the job; return the launcher's exit code (0 ok, 1 a worker failed, 2 bad usage or an invalid
-    npudist plan, found before any worker starts)."""
+    """Launch the job; return the launcher's exit code (0 ok, 1 a worker or the rendezvous failed, 2 bad usage
+    or an invalid npudist plan, found before any worker starts)."""
     parser, args = parse_args(argv)
     own_log_dir = args.log_dir is None
     reporter = Reporter(quiet=args.quiet)
@@ -139,6 +138,7 @@ def run(argv: list[str] | None = None) -> int:
         validate(args)
         nproc, visible = resolve_nproc(args.nproc_per_node, args.device)
         args.nproc_per_node = str(nproc)
+        check_rank_filters(args, nproc)
         node_id, worker_env = apply_worker_env(args)
         if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
             # torchrun's default (one OpenMP thread per worker), without its multi-line banner.
@@ -156,10 +156,13 @@ def run(argv: list[str] | None = None) -> int:
         parser.error(str(e))  # exits 2
     if not args.no_plan_check and not args.no_python:
         world = planned_world_size(args, nproc)
-        plan_error = check_plan_args(list(args.training_script_args), world)
+        warnings: list[str] = []
+        plan_error = check_plan_args(list(args.training_script_args), world, warnings)
         if plan_error is not None:
             print(f"npurun: {format_plan_error(plan_error, world)}", file=sys.stderr, flush=True)
             return 2
+        for line in warnings:
+            print(f"npurun: {line}", file=sys.stderr, flush=True)
     config.logs_specs = logs_specs
     config.log_line_prefix_template = (
         args.log_prefix or os.getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or DEFAULT_PREFIX)
@@ -180,6 +183,10 @@ def run(argv: list[str] | None = None) -> int:
     except ChildFailedError as e:
         reporter.on_failure(e)
         return 1
+    except (RendezvousError, DistStoreError, OSError) as e:
+        # The workers never started or their group fell apart outside them: the store or the rendezvous.
+        reporter.on_launch_error(e, verbose=args.verbose)
+        return 1
     except SignalException as e:
         reporter.on_signal(e.sigval.name)
         return 128 + int(e.sigval)
@@ -188,18 +195,3 @@ def run(argv: list[str] | None = None) -> int:
         # Nothing failed and the user asked for no log directory: do not leave temp dirs behind.
         shutil.rmtree(logs_specs.root_log_dir, ignore_errors=True)
     return 0
-
-
-def main(argv: list[str] | None = None) -> None:
-    # Worker lines are relayed through this process: flush each one even when stdout is a pipe or file.
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(line_buffering=True)
-    # Until torchelastic installs its handlers (when workers start), Ctrl-C must end npurun at once: a
-    # KeyboardInterrupt would wait for the C++ rendezvous wait to return (up to its 900 s timeout).
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.exit(run(argv))
-
-
-if __name__ == "__main__":
-    main()

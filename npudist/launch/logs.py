@@ -132,12 +132,17 @@ def read_error_excerpt(error_file: str | None, stderr_file: str | None, max_line
         try:
             with open(stderr_file, errors="replace") as fp:
                 lines = [ln.rstrip("\n") for ln in fp if ln.strip() and not _is_backtrace_noise(ln)]
-            return [_clip(ln) for ln in lines[-max_lines:]]
         except OSError:
-            pass
+            return []
+        heads = [i for i, ln in enumerate(lines) if _ERROR_HEAD.match(ln)]
+        # A multi-line error message ("error: invalid plan ...: 5 errors" and one line per error): from its
+        # first line, which names the problem, rather than the tail of its list.
+        start = heads[-1] if heads and len(lines) - heads[-1] > max_lines else max(0, len(lines) - max_lines)
+        return [_clip(ln) for ln in lines[start:start + max_lines]]
     return []
 
 
+_ERROR_HEAD = re.compile(r"^(\S+: )?(error|[A-Za-z_.]*(Error|Exception))\b", re.IGNORECASE)
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*)$')
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")
 

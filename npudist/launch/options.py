@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--quiet", action="store_true",
         help="Do not print npurun's start and exit summary lines.")
+    out.add_argument(
+        "--verbose", action="store_true",
+        help="Print the traceback of npurun's own failures (rendezvous, store) too; a worker's full traceback "
+        "is always in its log file.")
     return parser
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from npudist.plan import Plan, PlanError, load_plan, parse_overrides, parse_yaml
+from npudist.plan.check import capacity_warnings
 
 
 def find_config(script_args: list[str]) -> str | None:
@@ -29,22 +30,29 @@ def _is_plan(path: str) -> bool:
     try:
         with open(path, encoding="utf-8") as f:
             data = parse_yaml(f.read(), path)
-    except (OSError, UnicodeDecodeError, PlanError):
+    except UnicodeDecodeError:
+        # A .yaml file that is not UTF-8 is a plan saved in the wrong encoding: load_plan says so once.
+        return path.endswith((".yaml", ".yml"))
+    except (OSError, PlanError):
         return False   # not readable, or not YAML: the program reports its own config problems
     return any(key in Plan.SECTIONS for key in data)
 
 
-def check_plan_args(script_args: list[str], world_size: int | None) -> PlanError | None:
+def check_plan_args(script_args: list[str], world_size: int | None,
+                    warnings: list[str] | None = None) -> PlanError | None:
     """The plan's errors for ``world_size`` ranks (None = world-size rules not checked), or None when the
-    plan is valid or the program was not given an npudist plan."""
+    plan is valid or the program was not given an npudist plan. A valid plan's warnings (its memory estimate
+    beyond a device's capacity) are appended to ``warnings``."""
     path = find_config(script_args)
     if path is None or not os.path.isfile(path) or not _is_plan(path):
         return None
     overrides, _ = parse_overrides(script_args)
     try:
-        load_plan(path, overrides, world_size=world_size)
+        plan = load_plan(path, overrides, world_size=world_size)
     except PlanError as e:
         return e
+    if warnings is not None and world_size is not None:
+        warnings.extend(capacity_warnings(plan, plan.parallel.degrees()))
     return None
 
 

@@ -1,8 +1,10 @@
 """The launcher's own lines: one at every (re)start of the local workers and one at exit."""
 from __future__ import annotations
 
+import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -55,6 +57,17 @@ def _looks_stopped_by_agent(fail) -> bool:
     """The agent ends the surviving workers of a failed group with SIGTERM (SIGKILL only after its
     shutdown timeout, so a SIGKILL is treated as a failure of its own, e.g. the OOM killer)."""
     return fail.exitcode < 0 and fail.signal_name() == "SIGTERM"
+
+
+def _no_excerpt(fail, stderr_file: str | None) -> str:
+    """Why a failed rank has no error lines to show."""
+    if fail.exitcode < 0:
+        how = f"ended by {fail.signal_name()}"
+    else:
+        how = f"exited with code {fail.exitcode}"
+    if stderr_file and os.path.isfile(stderr_file):
+        return f"({how} without writing to stderr; its stdout is in the logs)"
+    return f"({how}; its stderr went straight to the console (--tee/--redirects), so there is nothing to quote)"
 
 
 def first_failed_rank(err: ChildFailedError) -> int:
@@ -139,11 +152,16 @@ class Reporter:
                 continue
             stderr_file = self.last.stderr_files.get(fail.local_rank) if self.last else None
             error_file = fail.error_file if fail.error_file and fail.error_file != "<N/A>" else None
-            excerpt = read_error_excerpt(error_file, stderr_file)
-            if not excerpt:
-                excerpt = ["(no error output captured; its stderr was not redirected, see --tee)"]
+            excerpt = read_error_excerpt(error_file, stderr_file) or [_no_excerpt(fail, stderr_file)]
             for line in excerpt:
                 self._print(f"  rank {rank}: {line}")
+
+    def on_launch_error(self, err: BaseException, verbose: bool = False) -> None:
+        """The agent itself failed (rendezvous, store): one line, the traceback only with --verbose."""
+        self._print(f"FAILED before the workers could run: {type(err).__name__}: {err} -- {self._where()}, "
+                    f"{self._elapsed()}" + ("" if verbose else " (--verbose shows the traceback)"))
+        if verbose:
+            traceback.print_exception(err, file=self.stream)
 
     def on_signal(self, signame: str) -> None:
         self._print(f"stopped by {signame}: {self._where()}, {self._elapsed()}")

@@ -177,6 +177,25 @@ def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list
             line(cols), *(line(r) for r in rows)]
 
 
+def capacity_warnings(plan: Plan, degrees: ParallelDegrees, capacity: int | None = None) -> list[str]:
+    """A warning when a rank's estimate exceeds an npu device's memory (``capacity``, default: this process's
+    NPUDIST_DEVICE_MEMORY). A warning, not an error: the estimate is an estimate, and the devices of the job
+    may be configured larger than this process's."""
+    if plan.training.device != "npu":
+        return []
+    if capacity is None:
+        from npudist import env
+        capacity = env.read("NPUDIST_DEVICE_MEMORY")
+    over = [e for e in estimate_all(plan, degrees) if e.device_bytes > capacity]
+    if not over:
+        return []
+    worst = max(over, key=lambda e: e.device_bytes)
+    ranks = "every rank needs" if len(over) == degrees.world_size else f"{len(over)} of {degrees.world_size} ranks need"
+    return [f"warning: {ranks} more memory than an npu device has ({format_bytes(capacity)}, NPUDIST_DEVICE_MEMORY): "
+            f"rank {worst.rank} an estimated {format_bytes(worst.device_bytes)}, so training would run out of device "
+            "memory; `npudist plan check` lists the levers that lower it (docs/memory.md)"]
+
+
 def check_plan(source, world_size: int | None = None, overrides=()) -> tuple[Plan, ParallelDegrees, str]:
     """Load and validate (PlanError lists every problem), then render the layout report."""
     plan = load_plan(source, overrides, world_size=world_size)
@@ -202,4 +221,5 @@ def report_dict(plan: Plan, degrees: ParallelDegrees) -> dict:
         # the levers the plan does not use yet and the device bytes each saves on its busiest rank
         "levers": {"rank": busiest.rank,
                    "levers": [dataclasses.asdict(lv) for lv in memory_levers(plan, degrees, busiest.rank)]},
+        "warnings": capacity_warnings(plan, degrees),
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Any, Literal, Union
@@ -38,7 +39,7 @@ def describe(tp) -> str:
         return f"a mapping of {describe(args[0])} to {describe(args[1])}"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
 def _show(value) -> str:
@@ -52,13 +53,15 @@ def _convert_scalar(value, tp):
     if tp is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else INVALID
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
         if isinstance(value, str):   # YAML 1.1 reads "1e-3" (no dot) as a string: accept it as a number
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 return INVALID
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # .nan/.inf are YAML floats, but no plan setting means anything with them (an lr of nan or inf
+            # would only fail, or train garbage, steps later)
+            return float(value) if math.isfinite(value) else INVALID
         return INVALID
     if tp is str:
         return value if isinstance(value, str) else INVALID

@@ -175,6 +175,9 @@ def load_plan(path_or_dict, overrides: Iterable[str] = (), world_size: int | Non
                 text = f.read()
         except OSError as e:
             raise PlanError([f"{source}: cannot read plan file: {e.strerror or e}"], source) from None
+        except UnicodeDecodeError as e:
+            raise PlanError([f"{source}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); a plan "
+                             "is a YAML file in UTF-8: save it as UTF-8 or give the right file"], source) from None
         data = parse_yaml(text, source)
     else:
         raise TypeError(f"load_plan expects a path, a dict or a Plan, got {type(path_or_dict).__name__}")

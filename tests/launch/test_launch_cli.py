@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npudist.launch import devices, main as npurun_main
+from npudist.launch import devices, job as npurun_main
 from npudist.launch.options import parse_args
 from npudist.launch.devices import LaunchError, resolve_nproc
 from npudist.launch.logs import NpurunLogsSpecs, read_error_excerpt, summarize_traceback

@@ -64,7 +64,7 @@ def test_literal_choices_suggest_case_and_prefix():
 def test_float_accepts_yaml_exponent_strings():
     plan = load_plan({"optimizer": {"lr": "1e-3"}})   # YAML 1.1 reads 1e-3 as a string
     assert plan.optimizer.lr == 1e-3
-    one_error({"optimizer": {"lr": "fast"}}, "optimizer.lr", "expected a number")
+    one_error({"optimizer": {"lr": "fast"}}, "optimizer.lr", "expected a finite number")
 
 
 def test_invalid_yaml_reports_line(tmp_path):
