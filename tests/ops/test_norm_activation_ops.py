@@ -6,16 +6,7 @@ import torch
 
 import torch_npu
 
-NPU = torch.device("npu:0")
-ops = torch.ops.npu
-
-
-def _leaf(t):
-    return t.detach().to(NPU).requires_grad_(True)
-
-
-def _ref_leaf(t):
-    return t.detach().clone().requires_grad_(True)
+from ._common import NPU, leaf as _leaf, ops, ref_leaf as _ref_leaf  # noqa: F401
 
 
 def _check(out_npu, out_ref, ins_npu, ins_ref, seed=0, **tol):
