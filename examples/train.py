@@ -40,7 +40,9 @@ def _env_int(name: str, default: int) -> int:
 def report(e: BaseException, rank: int, verbose: bool, prefix: str = "error") -> None:
     """The error once in full (rank 0), its first line on the other ranks: every rank finds the same problem
     in the plan, but any of them may be the first to exit, and the launcher's summary quotes that one."""
-    lines = str(e).splitlines() or [type(e).__name__]
+    # notes (BaseException.add_note) are part of the report: an out-of-memory error carries the plan's levers there
+    lines = (str(e).splitlines() or [type(e).__name__]) + [n for note in getattr(e, "__notes__", ()) for n in
+                                                             str(note).splitlines()]
     if rank == 0:
         text = "\n".join(lines)
     else:

@@ -32,7 +32,8 @@ def test_malformed_env_is_a_clear_error(env, needle):
     # `import torch` only warns (autoload must not break torch); the script's `import npudist` raises.
     r = run_python("import torch, npudist", env)
     assert r.returncode != 0
-    assert "ValueError" in r.stderr and needle in r.stderr
+    # EnvVarError is a ValueError naming the variable, its value and what it accepts
+    assert "npudist.env.EnvVarError: " + needle in r.stderr, r.stderr
 
 
 def test_bad_device_index():
