@@ -25,8 +25,13 @@ if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   # Test-only dependencies (pinned; not runtime dependencies of npudist). A failure stops the setup: the
   # ecosystem tests would otherwise turn into skips.
   say "installing test-only dependencies (requirements-test.txt)"
-  $VPY -m pip install --disable-pip-version-check -r requirements-test.txt 2>&1 | show_pip \
+  # Lines marked "# no-deps" install without their declared dependencies (the file pins what they import).
+  with_deps=$(mktemp); grep -v -E '#[[:space:]]*no-deps' requirements-test.txt > "$with_deps"
+  nodeps=$(sed -n -E 's/^([^#[:space:]]+)[[:space:]]+#[[:space:]]*no-deps.*/\1/p' requirements-test.txt)
+  { $VPY -m pip install --disable-pip-version-check -r "$with_deps" \
+      && { [ -z "$nodeps" ] || $VPY -m pip install --disable-pip-version-check --no-deps $nodeps; }; } 2>&1 | show_pip \
     || { say "FAILED: pip could not install requirements-test.txt (its ERROR lines are above)"; exit 1; }
+  rm -f "$with_deps"
   $VPY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch 2.13.0 required')"
   # Package metadata + console scripts (npurun, npudist) without compiling; extensions are built below.
   say "installing npudist (editable; npurun and npudist commands)"
