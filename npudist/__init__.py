@@ -36,8 +36,10 @@ def register() -> None:
     import npudist.hccl  # noqa: F401  (registration reads no variable: each process group checks its own)
     import npudist.ops  # noqa: F401  (fused operators, torch.ops.npu.*)
     from npudist.compile import attention
+    from npudist.device import attention as device_attention
 
     attention.register()   # npu attention under torch.compile (see there); needs no Dynamo/Inductor import
+    device_attention.register()   # npu DTensor attention: the flash operator DTensor and context_parallel know
     _cann_environment.load_libraries()  # libtorch_npu.so + libascendcl.so, as torch_npu's import loads them
     env.check(("hccl", "engine", "data"))
 

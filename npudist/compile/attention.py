@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 
-def _cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) -> int:
+def cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) -> int:
     """The SDPA backend CPU picks for tensors shaped like these fake npu tensors (an ``SDPBackend`` value).
 
     The CPU chooser reads only metadata (shapes, strides, dtype, requires_grad), but it is reachable only
@@ -26,6 +26,21 @@ def _cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) -> int
         return int(torch._fused_sdp_choice(*like, None, dropout_p, is_causal, scale=scale))
 
 
+def trace_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False):
+    """SDPA while tracing: npu queries that CPU would run with its flash kernel (no mask, no GQA) trace to that
+    kernel; everything else, every other device included, to the C++ composite kernel unchanged."""
+    from torch._C import DispatchKey
+
+    if (query.device.type == "npu" and attn_mask is None and not enable_gqa
+            and cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) == int(SDPBackend.FLASH_ATTENTION)):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+            query, key, value, dropout_p, is_causal, scale=scale)[0]
+    return torch.ops.aten.scaled_dot_product_attention.default._op_dk(
+        DispatchKey.CompositeImplicitAutograd, query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+        enable_gqa=enable_gqa)
+
+
 @functools.cache
 def register() -> None:
     """Trace ``scaled_dot_product_attention`` on npu to the kernel CPU uses (the fused CPU flash kernel).
@@ -36,22 +51,11 @@ def register() -> None:
     reads only metadata), so compiled npu attention ran a slower algorithm than compiled CPU. The composite
     SDPA kernel calls the chooser directly (a DispatchStub, not an operator), so no device registration can
     answer it; the hook Inductor itself uses for such cases is a Python ``CompositeImplicitAutograd`` kernel,
-    which is consulted only while tracing (Python dispatcher). It handles npu queries without a mask or
-    GQA and defers everything else, every other device included, to the C++ composite kernel unchanged.
+    which is consulted only while tracing (Python dispatcher). npu tensors reach ``trace_attention`` through
+    ``npudist.device.attention``'s ``AutogradPrivateUse1`` kernel, which the Python dispatcher prefers to this
+    one; this one serves tensors whose highest key is not npu's.
     """
     from torch._C import DispatchKey
 
-    sdpa = torch.ops.aten.scaled_dot_product_attention.default
-    composite = DispatchKey.CompositeImplicitAutograd
-    flash = int(SDPBackend.FLASH_ATTENTION)
-
-    def sdpa_while_tracing(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                           enable_gqa=False):
-        if (query.device.type == "npu" and attn_mask is None and not enable_gqa
-                and _cpu_attention_choice(query, key, value, dropout_p, is_causal, scale) == flash):
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
-                query, key, value, dropout_p, is_causal, scale=scale)[0]
-        return sdpa._op_dk(composite, query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                           enable_gqa=enable_gqa)
-
-    sdpa.py_impl(composite)(sdpa_while_tracing)
+    torch.ops.aten.scaled_dot_product_attention.default.py_impl(DispatchKey.CompositeImplicitAutograd)(
+        trace_attention)
