@@ -108,14 +108,17 @@ class TPConfig:
     plan: Optional[dict[str, TPStyle]] = None
     loss_parallel: bool = False            # keep logits sharded over the vocab through the loss
     sequence_parallel: bool = False        # shard norms/residual activations over the sequence dim
+    # the sequence-parallel linear pairs on the MC2 operators (all-gather/reduce-scatter overlapped with the
+    # matmul, npudist.tp.async_tp); needs tp_degree > 1, sequence_parallel and the npu device
+    async_tp: bool = False
 
 
 @dataclass
 class PPConfig:
     schedule: PPSchedule = "1F1B"
     microbatches: Optional[int] = None     # per optimizer micro-step; None = number of pipeline stages
-    # Block indices where a new stage starts (len = stages - 1); block names ("layers.N" for llama,
-    # "model.layers.N" for hf_causal_lm) are accepted too. None = the blocks split evenly over the stages.
+    # Block indices where a new stage starts (len = stages - 1); block names, as the model spec's layout
+    # lists its blocks (ModelLayout.blocks), are accepted too. None = the blocks split evenly over the stages.
     split_points: Optional[list[Union[int, str]]] = None
     virtual_stages: int = 1                # stages per pp rank (>1 for interleaved / ZBV schedules)
 

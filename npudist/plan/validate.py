@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from npudist.models import get_model_spec, model_layout
+from npudist.models import get_model_spec, model_layout, model_spec_names
 
 from .errors import suggest
 from .patterns import check_pattern, matches
@@ -159,6 +159,8 @@ def _check_tp(c: _Checks, p: Plan, layout, tp: int) -> None:
     cfg = p.parallel.tp
     for pattern, _style in (cfg.plan or {}).items():
         _check_pattern_hits(c, p, layout, f"parallel.tp.plan.{pattern}", pattern)
+    if cfg.async_tp:
+        _check_async_tp(c, p, tp)
     if tp <= 1:
         return
     reads = ("parallel.tp_degree",)
@@ -168,6 +170,19 @@ def _check_tp(c: _Checks, p: Plan, layout, tp: int) -> None:
     if cfg.sequence_parallel and p.data.seq_len % tp:
         c.fail("parallel.tp.sequence_parallel", f"needs data.seq_len={p.data.seq_len} divisible by "
                f"parallel.tp_degree={tp}", *reads, "data.seq_len")
+
+
+def _check_async_tp(c: _Checks, p: Plan, tp: int) -> None:
+    reads = ("parallel.tp_degree", "parallel.tp.sequence_parallel", "training.device")
+    if tp <= 1:
+        c.fail("parallel.tp.async_tp", f"needs tensor parallelism (parallel.tp_degree > 1, got {tp}); set it "
+               "to false", *reads)
+    elif not p.parallel.tp.sequence_parallel:
+        c.fail("parallel.tp.async_tp", "fuses the sequence-parallel all-gather/reduce-scatter with the matmuls: "
+               "set parallel.tp.sequence_parallel: true", *reads)
+    if p.training.device != "npu" or p.training.resolved_backend != "hccl":
+        c.fail("parallel.tp.async_tp", "the MC2 operators run on npu over hccl: set training.device: npu (and "
+               "training.backend: hccl or null)", *reads, "training.backend")
 
 
 def split_indices(points, blocks) -> list[int] | None:
@@ -277,6 +292,12 @@ def _check_data(c: _Checks, p: Plan, dp: int | None) -> None:
                "parallel.dp_shard_degree", "parallel.dp_replicate_degree")
 
 
+def _spec_names(has) -> str:
+    """The registered model specs with a capability, for a message: plug-in specs are named as the built-in
+    ones are, and this layer names no model itself."""
+    return ", ".join(n for n in model_spec_names() if has(get_model_spec(n))) or "none registered"
+
+
 def _check_cp(c: _Checks, p: Plan, layout, cp: int) -> None:
     """Context parallel: the model must support it and every sequence must split evenly."""
     if cp <= 1:
@@ -284,8 +305,10 @@ def _check_cp(c: _Checks, p: Plan, layout, cp: int) -> None:
     par, m = p.parallel, p.model
     reads = ("parallel.cp_degree",)
     if layout is not None and not get_model_spec(m.name).supports_context_parallel:
+        names = _spec_names(lambda spec: spec.supports_context_parallel)
         c.fail("parallel.cp_degree", f"the {m.name} model does not support context parallelism (its spec has "
-               "no sharded-sequence attention); set parallel.cp_degree: 1 or use model.name llama or moe")
+               f"no sharded-sequence attention); set parallel.cp_degree: 1 or use a model whose spec supports "
+               f"it (model.name: {names})")
     chunks = 2 * cp if par.cp.load_balance else cp
     if p.data.seq_len % chunks:
         how = (f"2 x parallel.cp_degree = {chunks} (load-balanced causal sharding cuts it into 2 x cp chunks)"
@@ -313,9 +336,10 @@ def _check_ep(c: _Checks, p: Plan, layout, ep: int) -> None:
     spec = get_model_spec(p.model.name)
     experts = spec.experts(p.model) if spec.experts is not None else 0
     if not experts:
+        names = _spec_names(lambda spec: spec.experts is not None)
         c.fail("parallel.ep_degree", f"the {p.model.name} model has no experts to split; set "
-               "parallel.ep_degree: 1 or use a mixture-of-experts model (model.name: moe, or hf_causal_lm with "
-               "an MoE hf_model_type such as qwen2_moe or mixtral)")
+               f"parallel.ep_degree: 1 or use a mixture-of-experts configuration of a model whose spec has "
+               f"routed experts (model.name: {names})")
     elif experts % ep:
         c.fail("parallel.ep_degree", f"the model's {experts} experts cannot be split evenly over {ep} ep ranks; "
                f"use an ep_degree dividing {experts} or change model.n_experts", "model.n_experts")

@@ -36,7 +36,7 @@ def test_bad_input_reports_every_error_with_its_fix():
     assert errs[0].startswith("data.seq_len: 30 is not divisible by 2 x parallel.cp_degree = 4")
     assert "use a multiple of 4" in errs[0]
     assert errs[1].startswith("parallel.ep_degree: the llama model has no experts")
-    assert "model.name: moe" in errs[1]
+    assert "(model.name: hf_causal_lm, moe)" in errs[1]
 
 
 def test_ep_must_divide_experts_and_dp_shard_cp():
@@ -164,8 +164,12 @@ def test_hf_moe_plans_split_experts_and_a_dense_hf_model_has_none():
     dense = {**HF_MOE, "hf_model_type": "qwen2", "hf_config": None}
     errs = errors_of({"model": dense, "data": {"seq_len": 32}, "parallel": {"ep_degree": 2}}, world_size=2)
     assert errs == ["parallel.ep_degree: the hf_causal_lm model has no experts to split; set parallel.ep_degree: "
-                    "1 or use a mixture-of-experts model (model.name: moe, or hf_causal_lm with an MoE "
-                    "hf_model_type such as qwen2_moe or mixtral)"]
+                    "1 or use a mixture-of-experts configuration of a model whose spec has routed experts "
+                    "(model.name: hf_causal_lm, moe)"]
+    errs = errors_of({"model": dense, "data": {"seq_len": 32}, "parallel": {"cp_degree": 2}}, world_size=2)
+    assert errs == ["parallel.cp_degree: the hf_causal_lm model does not support context parallelism (its spec has "
+                    "no sharded-sequence attention); set parallel.cp_degree: 1 or use a model whose spec supports "
+                    "it (model.name: llama, moe)"]
     errs = errors_of({"model": HF_MOE, "data": {"seq_len": 32}, "parallel": {"ep_degree": 3}}, world_size=3)
     assert errs[0].startswith("parallel.ep_degree: the model's 4 experts cannot be split evenly over 3 ep ranks")
     errs = errors_of({"model": HF_MOE, "data": {"seq_len": 32},
