@@ -7,7 +7,7 @@ Semantics and the differences from Ascend: docs/torch_npu.md.
 """
 from npudist.ops import (activation, aten_matmul, attention, attention_update, layout, loss, matmul, moe,  # noqa: F401
                          norm, optim, rotary)  # (registration)
-from npudist.ops import gating, routing  # noqa: F401  (registration)
+from npudist.ops import attention_v2, gating, routing  # noqa: F401  (registration)
 
 # Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
 OPS = (
@@ -22,7 +22,8 @@ OPS = (
     "npu_broadcast", "npu_pad", "npu_one_hot", "npu_dtype_cast",
 )
 OPS += ("npu_moe_gating_top_k_softmax", "npu_moe_gating_top_k_softmax_v2", "npu_moe_gating_top_k",
-        "npu_moe_gating_top_k_backward", "npu_moe_init_routing_v2", "npu_grouped_matmul_finalize_routing")
+        "npu_moe_gating_top_k_backward", "npu_moe_init_routing_v2", "npu_grouped_matmul_finalize_routing",
+        "npu_fusion_attention_v2", "npu_fusion_attention_v3")
 
 # torch_npu call forms that differ from the torch.ops.npu operator (in-place ops returning their input).
 CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_,
