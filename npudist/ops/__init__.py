@@ -7,7 +7,7 @@ Semantics and the differences from Ascend: docs/torch_npu.md.
 """
 from npudist.ops import (activation, aten_matmul, attention, attention_update, layout, loss, matmul, moe,  # noqa: F401
                          norm, optim, rotary)  # (registration)
-from npudist.ops import attention_v2, bert_adam, gating, online_max_sum, routing  # noqa: F401  (registration)
+from npudist.ops import attention_v2, bert_adam, format, gating, online_max_sum, routing  # noqa: F401  (registration)
 
 # Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
 OPS = (
@@ -24,9 +24,10 @@ OPS = (
 OPS += ("npu_moe_gating_top_k_softmax", "npu_moe_gating_top_k_softmax_v2", "npu_moe_gating_top_k",
         "npu_moe_gating_top_k_backward", "npu_moe_init_routing_v2", "npu_grouped_matmul_finalize_routing",
         "npu_fusion_attention_v2", "npu_fusion_attention_v3", "npu_fused_linear_online_max_sum",
-        "npu_bert_apply_adam")
+        "npu_bert_apply_adam", "npu_format_cast", "npu_format_cast_", "empty_with_format", "get_npu_format")
 
 # torch_npu call forms that differ from the torch.ops.npu operator (in-place ops returning their input).
 CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_,
               "npu_apply_rotary_pos_emb": rotary.npu_apply_rotary_pos_emb, "npu_apply_adam": optim.apply_adam}
 CALL_FORMS["npu_bert_apply_adam"] = bert_adam.bert_apply_adam
+CALL_FORMS["get_npu_format"] = format.get_npu_format
