@@ -5,9 +5,9 @@ On Ascend a format (ND, NCHW, FRACTAL_NZ, ...) is how a tensor's storage is laid
 tensor's values and its PyTorch shape and strides are unchanged by a cast. The emulated device keeps every tensor
 in PyTorch's own layout, so here a format is a tag: ``npu_format_cast`` returns a copy tagged with the format,
 ``npu_format_cast_`` tags the tensor itself, ``empty_with_format`` allocates a tagged tensor, and
-``get_npu_format`` reports the tag (of the tensor, else of the tensor it is a view of), or the format Ascend
-gives a fresh tensor: NCHW for 4-D, NCDHW for 5-D, ND otherwise. Every operator computes on the values alone, so
-math is the same whatever the tags say.
+``get_npu_format`` reports the tag as a ``Format`` (``torch.ops.npu.get_npu_format``: as an int) — of the tensor,
+else of the tensor it is a view of — or the format Ascend gives a fresh tensor: NCHW for 4-D, NCDHW for 5-D,
+ND otherwise. Every operator computes on the values alone, so math is the same whatever the tags say.
 
 The tags live in a weak dictionary keyed by tensor: a cast traced by ``torch.compile`` computes the same values,
 but the tensors the compiled graph returns carry no tag (they report their fresh-tensor format).
@@ -84,6 +84,10 @@ def get_npu_format(tensor) -> Format:
     return _fresh_format(tensor)
 
 
+def _format_code(self):
+    return int(get_npu_format(self))
+
+
 def _check_dtypes(op, customize_dtype, input_dtype):
     # both choose how Ascend packs the storage (C0 size, sub-byte dtypes): a layout concern, so no effect here
     for name, v in (("customize_dtype", customize_dtype), ("input_dtype", input_dtype)):
@@ -139,6 +143,7 @@ for _schema, _fn in (
          "-> Tensor(a!)", _cast_like_),
         ("npu_format_cast_.acl_format(Tensor(a!) self, int acl_format, *, int? customize_dtype=None, "
          "int? input_dtype=None) -> Tensor(a!)", _cast_),
+        ("get_npu_format(Tensor self) -> int", _format_code),
         ("empty_with_format(int[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
          "bool? pin_memory=None, int acl_format=2, int? base_addr_aligned_kb=None) -> Tensor", _empty_with_format)):
     _lib.define(_schema)

@@ -126,7 +126,8 @@ def _moe_init_routing_v2(x, expert_idx, scale, offset, active_num, expert_capaci
         rows_f = gathered.float()
         if scale is not None:
             smooth = scale.float()
-            rows_f = rows_f * (smooth[0] if smooth.shape[0] == 1 else smooth.index_select(0, experts[slots_src] - start))
+            per_row = smooth[0] if smooth.shape[0] == 1 else smooth.index_select(0, experts[slots_src] - start)
+            rows_f = rows_f * per_row
         s = rows_f.abs().amax(-1) / 127.0
         q = torch.round(rows_f / torch.where(s > 0, s, 1.0).unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
         gathered, out_dtype = q, torch.int8
@@ -230,7 +231,9 @@ def _grouped_matmul_finalize_routing(x, w, group_list, scale, bias, offset, pert
                                      group_list_type):
     rows, n = _check_finalize(x, w, group_list, scale, bias, offset, pertoken_scale, shared_input, logit, row_index,
                               dtype, shared_input_offset, output_bs, group_list_type)
-    sizes = group_list.long() if group_list_type == 1 else torch.diff(group_list.long(), prepend=group_list.new_zeros(1))
+    sizes = group_list.long()
+    if group_list_type == 0:  # cumulative ends -> sizes
+        sizes = torch.diff(sizes, prepend=sizes.new_zeros(1))
     ends = torch.cumsum(sizes, 0).tolist()
     if ends and (ends[-1] > x.shape[0] or min(sizes.tolist()) < 0):
         _fail(_FINALIZE, f"group_list must describe non-negative groups covering at most the {x.shape[0]} rows, "

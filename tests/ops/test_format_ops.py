@@ -15,6 +15,7 @@ def test_documented_examples():
     assert torch_npu.get_npu_format(x) == 0  # a fresh 4-D tensor is NCHW
     x1 = torch_npu.npu_format_cast(x, NZ)
     assert torch_npu.get_npu_format(x1) == NZ and str(torch_npu.get_npu_format(x1)) == "FRACTAL_NZ"
+    assert ops.get_npu_format(x1) == NZ  # the operator form returns the int
     assert x1 is not x and torch.equal(x1.cpu(), x.cpu())
     assert torch_npu.get_npu_format(x) == 0  # the source keeps its format
     y = torch_npu.npu_format_cast_(x, NZ)

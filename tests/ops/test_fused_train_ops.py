@@ -79,8 +79,8 @@ def _ref_bert_adam(var, m, v, g, lr, b1, b2, eps, max_norm, global_norm, wd):
 @pytest.mark.parametrize("max_norm,global_norm,wd", [(-1.0, 0.0, 0.0), (1.0, 4.0, 0.01), (5.0, 2.0, 0.1)])
 def test_bert_apply_adam_two_steps(max_norm, global_norm, wd):
     torch.manual_seed(2)
-    var, m, v = torch.randn(7, dtype=torch.float64), torch.rand(7, dtype=torch.float64), torch.rand(7,
-                                                                                                     dtype=torch.float64)
+    var, m, v = (torch.randn(7, dtype=torch.float64), torch.rand(7, dtype=torch.float64),
+                 torch.rand(7, dtype=torch.float64))
     state = [t.to(NPU) for t in (var, m, v)]
     ref = [var, m, v]
     for _ in range(2):
@@ -104,7 +104,8 @@ def test_bert_apply_adam_two_steps(max_norm, global_norm, wd):
     (lambda x, t: ops.npu_fused_linear_online_max_sum(x, x, t.float(), 0, 4), "target"),
     (lambda x, t: ops.npu_fused_linear_online_max_sum(x, x, t, 3, 1), "vocab_start_index"),
     (lambda x, t: torch_npu.npu_bert_apply_adam(0.1, 0.9, 0.9, 1e-6, t.float(), 0, 0, 0, adam_mode=1,
-                                                out=(t.float(), t.float(), t.float())), "npu_bert_apply_adam: adam_mode"),
+                                                out=(t.float(), t.float(), t.float())),
+     "npu_bert_apply_adam: adam_mode"),
     (lambda x, t: torch_npu.npu_bert_apply_adam(0.1, 0.9, 0.9, 1e-6, t.float(), 0, 0, 0), "out=\\(var, m, v\\)"),
     (lambda x, t: torch_npu.npu_bert_apply_adam(0.1, 0.9, 0.9, 1e-6, t.float(), 0, 0, 0,
                                                 out=(x, t.float(), t.float())), "var must have"),
