@@ -97,8 +97,13 @@ class DTensorOps:
         assert want <= self.ops, f"rank {RANK}: DTensor attention ran {sorted(map(str, self.ops))}"
 
 
+WORST = {}   # largest |got - want| per check name prefix, printed at the end (the numbers docs quote)
+
+
 def _close(name, got, want, **tol):
     got, want = got.detach().cpu(), want.detach().cpu()
+    key = "parameters" if " after " in name else "parameter gradients" if ".grad" in name else name.split(" ")[0]
+    WORST[key] = max(WORST.get(key, 0.0), (got - want).abs().max().item())
     if not torch.allclose(got, want, **(tol or TIGHT)):
         raise AssertionError(f"rank {RANK}: {name} differs from one device by {(got - want).abs().max().item():.3e}")
 
@@ -225,4 +230,5 @@ def tensor_parallel_transformer(sp: str):
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])
+    print("max abs differences:", {k: f"{v:.1e}" for k, v in WORST.items()}, flush=True)
     print("SCENARIO OK", flush=True)
