@@ -97,7 +97,54 @@ def _cases():
         return (po.unflatten(-1, (n, d)) * wa + co.unflatten(-1, (n, d)) * wb).flatten(-2)
 
     c["ring_attention_update"] = (lambda: ops.npu_ring_attention_update(po, pm, ps, co, cm, cs)[0], unfused_ring)
+    _routing_cases(c)
     return c
+
+
+def _routing_cases(c):
+    """Gating, init_routing_v2, grouped_matmul_finalize_routing, fused_linear_online_max_sum."""
+    gate, bias = _rand(T, 256), torch.rand(256, device=NPU)
+
+    def unfused_gating():  # sigmoid, biased top-2-sum groups, 4 of 8 kept, top 8, renormalised
+        s = torch.sigmoid(gate)
+        grouped = (s + bias).view(T, 8, 32)
+        keep = torch.zeros(T, 8, dtype=torch.bool, device=NPU).scatter_(
+            1, grouped.topk(2, -1).values.sum(-1).topk(4, -1).indices, True)
+        idx = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1).topk(8, -1).indices
+        w = s.gather(1, idx)
+        return w / (w.sum(-1, keepdim=True) + 1e-20)
+
+    c["moe_gating_top_k sigmoid grouped"] = (
+        lambda: ops.npu_moe_gating_top_k(gate, 8, bias=bias, k_group=4, group_count=8, group_select_mode=1,
+                                         norm_type=1)[0], unfused_gating)
+    x = _rand(T, H)
+    expert_idx = torch.stack([torch.randperm(E)[:TOPK] for _ in range(T)]).to(NPU, torch.int32)
+    c["moe_init_routing_v2"] = (
+        lambda: ops.npu_moe_init_routing_v2(x, expert_idx, expert_num=E)[0],
+        lambda: x.index_select(0, torch.argsort(expert_idx.reshape(-1), stable=True) // TOPK))
+    counts = torch.bincount(expert_idx.reshape(-1).long().cpu(), minlength=E)
+    xs, w = _rand(T * TOPK, 256), _rand(E, 256, 512)
+    logit, row = torch.rand(T * TOPK, device=NPU), torch.randint(0, T, (T * TOPK,), device=NPU)
+
+    def unfused_finalize():
+        y = torch.cat([a @ b for a, b in zip(xs.split(counts.tolist()), w.unbind(0))]) * logit.unsqueeze(-1)
+        return torch.zeros(T, 512, device=NPU).index_add_(0, row, y)
+
+    c["grouped_matmul_finalize_routing"] = (
+        lambda: ops.npu_grouped_matmul_finalize_routing(xs, w, counts.to(NPU), logit=logit, row_index=row,
+                                                        output_bs=T), unfused_finalize)
+    hid, vocab, target = _rand(T, H), _rand(4096, H), torch.randint(0, 8192, (T,), device=NPU)
+
+    def unfused_online():
+        logits = hid @ vocab.t()
+        mx = logits.max(-1).values
+        sub = logits - mx.unsqueeze(-1)
+        inside = (target >= 0) & (target < 4096)
+        pred = torch.where(inside, sub.gather(1, (target * inside).unsqueeze(-1)).squeeze(-1), 0.0)
+        return torch.stack([mx, sub.exp().sum(-1), pred])
+
+    c["fused_linear_online_max_sum"] = (
+        lambda: torch.stack(ops.npu_fused_linear_online_max_sum(hid, vocab, target, 0, 4096)[:3]), unfused_online)
 
 
 def _time(fn, iters, backward):

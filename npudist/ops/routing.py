@@ -136,8 +136,11 @@ def _moe_init_routing_v2(x, expert_idx, scale, offset, active_num, expert_capaci
         out_dtype = x.dtype
         if scale is not None:
             expanded_scale[slot_pos] = scale.float().index_select(0, tokens)
-    expanded_x = torch.zeros(rows, x.shape[1], dtype=out_dtype, device=dev)
-    expanded_x[slot_pos] = gathered
+    if drop_pad_mode == 0 and kept == rows:  # every slot filled, in order: the gather is the output
+        expanded_x = gathered
+    else:
+        expanded_x = torch.zeros(rows, x.shape[1], dtype=out_dtype, device=dev)
+        expanded_x[slot_pos] = gathered
     if drop_pad_mode == 1:
         expanded_x = expanded_x.view(expert_num, expert_capacity, x.shape[1])
     row_idx = torch.full((n * k,), -1, dtype=torch.int64, device=dev)
