@@ -131,3 +131,16 @@ def test_fused_train_ops_compile_fullgraph():
     out_e = fn(*args, *se_, g.to(NPU))
     for a, b in zip(list(out_c) + sc, list(out_e) + se_):
         torch.testing.assert_close(a.cpu(), b.cpu())
+
+
+OPCHECK = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.timeout(300)
+def test_fused_train_opcheck():
+    x, w, t = torch.randn(9, 3, device=NPU), torch.randn(4, 3, device=NPU), torch.randint(0, 8, (9,), device=NPU)
+    for return_logits in (True, False):
+        torch.library.opcheck(ops.npu_fused_linear_online_max_sum, (x, w, t, 2, 6, return_logits), test_utils=OPCHECK)
+    state = [torch.randn(5, device=NPU) for _ in range(3)]
+    torch.library.opcheck(ops._bert_apply_adam_, (0.1, 0.9, 0.99, 1e-6, torch.randn(5, device=NPU), 1.0, 2.0, 0.01,
+                                                  None, 0, *state), test_utils=OPCHECK)

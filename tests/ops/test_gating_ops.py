@@ -177,3 +177,19 @@ def test_gating_ops_compile_fullgraph():
     out_c[0].backward()
     out_e[0].backward()
     torch.testing.assert_close(xc.grad.cpu(), xe.grad.cpu())
+
+
+OPCHECK = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.timeout(300)
+def test_gating_opcheck():
+    x = torch.randn(4, 12, device=NPU, requires_grad=True)
+    torch.library.opcheck(ops._moe_gating_top_k, (x, torch.rand(12, device=NPU), None, None, 3, 2, 4, 1, 0, 1, 1.5,
+                                                  1e-20), test_utils=OPCHECK)
+    torch.library.opcheck(ops.npu_moe_gating_top_k_softmax, (x.detach(), None, 2), test_utils=OPCHECK)
+    torch.library.opcheck(ops._moe_gating_top_k_softmax_v2, (x.detach(), None, 2, 0, True), test_utils=OPCHECK)
+    norm = torch.rand(4, 12, device=NPU)
+    torch.library.opcheck(ops.npu_moe_gating_top_k_backward,
+                          (norm, torch.randn(4, 2, device=NPU), torch.randint(0, 12, (4, 2), device=NPU).int()),
+                          dict(norm_type=1), test_utils=OPCHECK)

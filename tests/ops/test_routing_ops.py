@@ -196,3 +196,19 @@ def test_routing_ops_compile_fullgraph():
     # each token's experts summed back: x[t] @ (w[e1] + w[e2])
     ref = torch.stack([x[t] @ (w[expert_idx[t, 0]] + w[expert_idx[t, 1]]) for t in range(4)])
     torch.testing.assert_close(out_e[0].cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+OPCHECK = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.timeout(300)
+def test_routing_opcheck():
+    x, e = torch.randn(4, 6, device=NPU), torch.randint(0, 3, (4, 2), device=NPU, dtype=torch.int32)
+    torch.library.opcheck(ops._moe_init_routing_v2, (x, e, None, None, -1, -1, 3, 0, 1, True, -1, [], 0),
+                          test_utils=OPCHECK)
+    torch.library.opcheck(ops._moe_init_routing_v2, (x, e, torch.rand(3, 6, device=NPU), None, 5, -1, 3, 0, 2, True,
+                                                     1, [0, 3], 1), test_utils=OPCHECK)
+    torch.library.opcheck(ops._grouped_matmul_finalize_routing,
+                          (x, torch.randn(3, 6, 5, device=NPU), torch.tensor([1, 2, 1], device=NPU), None, None, None,
+                           None, None, torch.rand(4, device=NPU), torch.tensor([0, 1, 1, 0], device=NPU), None, 1.0, 0,
+                           2, 1), test_utils=OPCHECK)
