@@ -7,7 +7,8 @@ drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, activ
 expert_idx (NUM_ROWS, K) whose expert lies in ``active_expert_range = [start, end)`` (default ``[0, expert_num)``)
 are sorted stably by expert; slot j of the dropless output holds ``x[src_j // K]`` (the first
 ``active_num`` slots when active_num > 0). drop_pad_mode 1 gives each expert ``expert_capacity`` slots
-(``expanded_x`` (expert_num, capacity, H)), keeping its first pairs in order and padding with zeros.
+(``expanded_x`` (expert_num, capacity, H)), keeping its first pairs in order and padding with zeros; its token
+counts are the ones before dropping.
 ``expanded_row_idx``: row_idx_type 0 (gather) is indexed by pair (its slot, -1 when not kept), 1 (scatter) by slot
 (its pair, -1 past the kept ones). Token counts (int64, expert_tokens_num_flag): type 0 cumulative, 1 per
 expert of the range, 2 (expert, count) pairs of the non-empty experts followed by a (0, 0) end marker.
@@ -116,8 +117,7 @@ def _moe_init_routing_v2(x, expert_idx, scale, offset, active_num, expert_capaci
         rank = torch.arange(available, device=dev) - first[experts[src] - start]
         keep = rank < cap
         slots_src, slot_pos = src[keep], (experts[src] - start)[keep] * cap + rank[keep]
-        kept = int(keep.sum())
-        counts = torch.clamp(counts, max=cap)
+        kept = int(keep.sum())  # the counts stay the ones before dropping (CANN's histogram of the sort)
         rows = expert_num * cap
     tokens = slots_src // k
     gathered = x.index_select(0, tokens)

@@ -24,7 +24,7 @@ def _ref_init(x, expert_idx, expert_num, active_num=-1, rng=None, drop_pad=False
             seen[flat[i]] = r + 1
             if r < capacity:
                 slots.append((flat[i] * capacity + r, i))
-        return slots, expert_num * capacity, [min(c, capacity) for c in counts]
+        return slots, expert_num * capacity, counts  # counts before dropping
     rows = n * k if active_num <= 0 else min(active_num, n * k)
     return [(j, i) for j, i in enumerate(pairs[:rows])], rows, counts
 
