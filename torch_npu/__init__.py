@@ -31,6 +31,10 @@ __version__ = f"{torch.__version__.split('+')[0]}+npudist{npudist.__version__}"
 
 for _name in _ops.OPS:
     globals()[_name] = _ops.CALL_FORMS.get(_name) or getattr(torch.ops.npu, _name)
+# The routing-map unpermute split into torch_npu's private forward and its grad operator, which hand-written
+# autograd Functions call (torchtitan-npu's expert-parallel combine).
+_npu_moe_token_unpermute_with_routing_map = torch.ops.npu._npu_moe_token_unpermute_with_routing_map
+npu_moe_token_unpermute_with_routing_map_grad = torch.ops.npu.npu_moe_token_unpermute_with_routing_map_grad
 
 
 def npu_apply_adam_w(*args, out=None, **kwargs):

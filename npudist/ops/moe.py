@@ -19,6 +19,11 @@ inference routing trio (init_routing, finalize_routing, compute_expert_tokens).
   (an empty tensor without probs).
 * ``npu_moe_token_unpermute_with_routing_map(permuted, sorted_indices, restore_shape, *, probs=None,
   routing_map=None, drop_and_pad=False)``: the inverse, weighting by ``probs[token, expert]``.
+* ``_npu_moe_token_unpermute_with_routing_map`` (same arguments) -> ``(unpermuted, out_index, permuted_token_id,
+  permute_probs)`` and ``npu_moe_token_unpermute_with_routing_map_grad(grad, out_index, permuted_token_id,
+  routing_map, permuted_tokens, probs, drop_and_pad, restore_shape) -> (permuted_grad, probs_grad)``: the same
+  unpermute split into a forward that returns what the gradient reads and the gradient itself (torch_npu's pair
+  for hand-written autograd Functions). out_index is sorted_indices; without probs, permuted_tokens may be None.
 
 padded_mode=True / restore_shape of the index forms is reserved on Ascend ("only False is supported") and raises.
 """
@@ -435,6 +440,68 @@ for _name, _schema, _fn in (
     _lib.define(_name + _schema)
     # Composite: autograd and tracing see the positional kernel each decomposes into.
     _lib.impl(_name, _fn, "CompositeImplicitAutograd")
+
+
+# ---- the routing-map unpermute split into forward-with-indices and gradient (torch_npu's private forward and its
+# grad operator: an autograd.Function written against torch_npu, e.g. torchtitan-npu's expert-parallel combine,
+# calls the pair itself) -------------------------------------------------------------------------------------------
+def _npu_moe_token_unpermute_with_routing_map(permuted_tokens, sorted_indices, restore_shape, *, probs=None,
+                                              routing_map=None, drop_and_pad=False):
+    """(unpermuted, out_index, permuted_token_id, permute_probs): the unpermute above plus what its gradient reads.
+    out_index is sorted_indices (the permuted row of each (token, k) pair; with drop_and_pad the token of each
+    slot), permuted_token_id the token of each entry, permute_probs the weight of each entry (None without probs)."""
+    out = torch.ops.npu._moe_unpermute_routing_map(permuted_tokens, sorted_indices, restore_shape, probs,
+                                                   routing_map, drop_and_pad)
+    n = restore_shape[0]
+    if drop_and_pad:
+        token_id = sorted_indices.clone()
+    else:
+        topk = sorted_indices.shape[0] // n if n else 1
+        token_id = torch.arange(sorted_indices.shape[0], device=sorted_indices.device).div(
+            topk, rounding_mode="floor").to(sorted_indices.dtype)
+    weights = None
+    if probs is not None:
+        weights = _slot_weights(sorted_indices, probs, routing_map, drop_and_pad, n).to(probs.dtype)
+    return out, sorted_indices.clone(), token_id, weights
+
+
+def npu_moe_token_unpermute_with_routing_map_grad(unpermuted_tokens_grad, out_index, permuted_token_id,
+                                                  routing_map, permuted_tokens, probs, drop_and_pad, restore_shape):
+    """(permuted_tokens_grad (len(out_index), H), probs_grad or None) of the unpermute whose forward returned
+    out_index and permuted_token_id. Without probs the permuted rows only route the gradient, so permuted_tokens
+    may be None; with probs the weights' gradient needs permuted_tokens and routing_map."""
+    op = "npu_moe_token_unpermute_with_routing_map_grad"
+    if out_index.dim() != 1 or permuted_token_id.shape != out_index.shape:
+        _fail(op, f"out_index and permuted_token_id must be the 1-D index tensors the forward returned, got "
+                  f"{tuple(out_index.shape)} and {tuple(permuted_token_id.shape)}")
+    if unpermuted_tokens_grad.dim() != 2 or len(restore_shape) != 2 or \
+            unpermuted_tokens_grad.shape[0] != restore_shape[0]:
+        _fail(op, f"unpermuted_tokens_grad must be (num_tokens, hidden) with num_tokens = restore_shape[0], got "
+                  f"{tuple(unpermuted_tokens_grad.shape)} and restore_shape {list(restore_shape)}")
+    if probs is not None and (permuted_tokens is None or routing_map is None):
+        _fail(op, "probs' gradient needs permuted_tokens and routing_map (pass the forward's inputs)")
+    n = unpermuted_tokens_grad.shape[0]
+    if not drop_and_pad and n and out_index.shape[0] % n:
+        _fail(op, f"{out_index.shape[0]} indices are not num_tokens ({n}) x topK")
+    if permuted_tokens is None:
+        # Only the shape and dtype of the permuted rows matter when no weight gradient is asked for.
+        permuted_tokens = unpermuted_tokens_grad.new_empty(out_index.shape[0], unpermuted_tokens_grad.shape[1])
+    dperm, dprobs = torch.ops.npu._moe_unpermute_routing_map_backward(
+        unpermuted_tokens_grad, permuted_tokens, out_index, probs, routing_map, drop_and_pad)
+    return dperm.to(unpermuted_tokens_grad.dtype), (
+        None if dprobs is None else dprobs.to(unpermuted_tokens_grad.dtype))
+
+
+_lib.define("_npu_moe_token_unpermute_with_routing_map(Tensor permuted_tokens, Tensor sorted_indices, "
+            "SymInt[] restore_shape, *, Tensor? probs=None, Tensor? routing_map=None, bool drop_and_pad=False) "
+            "-> (Tensor, Tensor, Tensor, Tensor?)")
+_lib.impl("_npu_moe_token_unpermute_with_routing_map", _npu_moe_token_unpermute_with_routing_map,
+          "CompositeImplicitAutograd")
+_lib.define("npu_moe_token_unpermute_with_routing_map_grad(Tensor unpermuted_tokens_grad, Tensor out_index, "
+            "Tensor permuted_token_id, Tensor? routing_map, Tensor? permuted_tokens, Tensor? probs, "
+            "bool drop_and_pad, SymInt[] restore_shape) -> (Tensor, Tensor?)")
+_lib.impl("npu_moe_token_unpermute_with_routing_map_grad", npu_moe_token_unpermute_with_routing_map_grad,
+          "CompositeImplicitAutograd")
 
 
 # ---- inference routing: init_routing -> experts -> finalize_routing -----------------------------------------
