@@ -232,6 +232,14 @@ def _fake_stats_shape(query, head_num, input_layout):
     return (query.shape[b], head_num, query.shape[s], _STAT_WIDTH)
 
 
+def _fake_out_shape(query, key, value, head_num, input_layout):
+    """The output takes value's head dim (Dv may differ from the query/key head dim)."""
+    if input_layout in ("BSH", "SBH"):
+        kv_heads = key.shape[-1] // _head_dim(query, head_num, input_layout)
+        return (*query.shape[:-1], head_num * (value.shape[-1] // max(kv_heads, 1)))
+    return (*query.shape[:-1], value.shape[-1])
+
+
 @npu_fusion_attention.register_fake
 def _(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None, scale=1.0,
       keep_prob=1.0, pre_tockens=_NO_BAND, next_tockens=_NO_BAND, inner_precise=0, prefix=None,
@@ -244,7 +252,8 @@ def _(query, key, value, head_num, input_layout, pse=None, padding_mask=None, at
         _fail("keep_prob < 1 (dropout) cannot be traced (torch.compile / fake tensors): its seed and offset "
               "are runtime values; run it eagerly or apply dropout outside the op")
     stat_shape = _fake_stats_shape(query, head_num, input_layout)
-    return (query.new_empty(query.shape), query.new_empty(stat_shape, dtype=torch.float32),
+    return (query.new_empty(_fake_out_shape(query, key, value, head_num, input_layout)),
+            query.new_empty(stat_shape, dtype=torch.float32),
             query.new_empty(stat_shape, dtype=torch.float32), query.new_empty(0), 0, 0, 0)
 
 

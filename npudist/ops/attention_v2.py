@@ -9,8 +9,14 @@ default), "TND" as (T, N, 8). v3: v1's arguments with ``actual_seq_qlen``/``actu
 ``softmax_layout``; returns ``(out, softmax_max, softmax_sum, softmax_out, seed, offset)`` with seed and offset as
 int64 tensors on the CPU (as torch_npu outside aclgraph).
 
-``pse``/``pse_type``/``q_start_idx``/``kv_start_idx``, ``sink``, ``prefix``, an external ``dropout_mask`` and
-caller-chosen dropout ``seed``/``offset`` are not provided: they raise ``ValueError`` (docs/torch_npu.md).
+``sink`` (v2 and v3; float32 (head_num,), the BSH/SBH/BSND/BNSD layouts): a per-head logit in every row's softmax,
+``m = max(sink, max(S))``, ``out = Σ e^(S-m) V / (Σ e^(S-m) + e^(sink-m))``, with gradients for q, k, v and sink.
+It is v1 attention over one extra key per head: queries gain a last dim ``sink / scale``, the extra key is the unit
+vector on that dim (score ``sink``) with a zero value, real keys get a 0 there, and the mask (made explicit from
+any sparse mode) keeps the extra key visible. The softmax statistics then include the sink, as Ascend's.
+
+``pse``/``pse_type``/``q_start_idx``/``kv_start_idx``, ``prefix``, ``sink`` under TND, an external ``dropout_mask``
+and caller-chosen dropout ``seed``/``offset`` are not provided: they raise ``ValueError`` (docs/torch_npu.md).
 """
 from __future__ import annotations
 
@@ -34,6 +40,48 @@ def _v1(op, query, key, value, head_num, input_layout, atten_mask, scale, keep_p
         if msg.startswith("npu_fusion_attention: "):
             msg = msg[len("npu_fusion_attention: "):]
         raise ValueError(f"{op}: {msg}") from None
+
+
+def _attention(op, query, key, value, head_num, input_layout, atten_mask, scale, keep_prob, pre, nxt, inner_precise,
+               actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, sink):
+    if sink is None:
+        return _v1(op, query, key, value, head_num, input_layout, atten_mask, scale, keep_prob, pre, nxt,
+                   inner_precise, actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync)
+    return _v1_with_sink(op, query, key, value, head_num, input_layout, atten_mask, scale, keep_prob, pre, nxt,
+                         inner_precise, sparse_mode, gen_mask_parallel, sync, sink)
+
+
+def _v1_with_sink(op, query, key, value, head_num, layout, atten_mask, scale, keep_prob, pre, nxt, inner_precise,
+                  sparse_mode, gen_mask_parallel, sync, sink):
+    from npudist.ops import attention as fa  # noqa: PLC0415 (v1's layout and mask helpers)
+
+    if layout == "TND":
+        _fail(op, "sink with input_layout 'TND' is not supported; use a padded layout (BSH, SBH, BSND, BNSD)")
+    if sink.dim() != 1 or sink.shape[0] != head_num or not sink.is_floating_point():
+        _fail(op, f"sink must be a floating (head_num={head_num},) tensor, got {sink.dtype} {tuple(sink.shape)}")
+    if scale == 0:
+        _fail(op, "sink needs a non-zero scale (the sink enters the scores as query dim sink / scale)")
+    try:  # the caller's arguments as v1 would check them (layout, dtypes, mask kind and shape)
+        fa._check_args(query, key, value, head_num, layout, None, None, atten_mask, keep_prob, None, None, None,
+                       sparse_mode)
+        d = fa._head_dim(query, head_num, layout)
+        q, k, v = (fa._to_bnsd(t, layout, d) for t in (query, key, value))
+        mask = fa._mask(atten_mask, sparse_mode, pre, nxt, q.shape[2], k.shape[2], q.device)
+    except ValueError as e:
+        raise ValueError(str(e).replace("npu_fusion_attention:", f"{op}:", 1)) from None
+    b, n, sq, _ = q.shape
+    nkv, dv = k.shape[1], v.shape[-1]
+    q = torch.cat([q, (sink.to(q.dtype) / scale).view(1, n, 1, 1).expand(b, n, sq, 1)], -1)
+    sink_key = torch.zeros(b, nkv, 1, k.shape[-1] + 1, dtype=k.dtype, device=k.device)
+    sink_key[..., -1] = 1
+    k = torch.cat([sink_key, torch.cat([k, k.new_zeros(*k.shape[:-1], 1)], -1)], 2)
+    v = torch.cat([v.new_zeros(b, nkv, 1, dv), v], 2)
+    if mask is not None:  # explicit, with the sink key (first) always visible
+        mask = torch.cat([mask.new_zeros(*mask.shape[:-1], 1), mask], -1)
+    out, smax, ssum, soft, s, o, num = _v1(op, q, k, v, n, "BNSD", mask, scale, keep_prob, _NO_BAND, _NO_BAND,
+                                           inner_precise, None, None, 1 if mask is not None else 0,
+                                           gen_mask_parallel, sync)
+    return fa._from_bnsd(out, layout).contiguous(), smax, ssum, soft, s, o, num
 
 
 def _softmax_layout(op, input_layout, softmax_layout, smax, ssum):
@@ -60,7 +108,7 @@ def npu_fusion_attention_v2(query, key, value, head_num, input_layout, *, pse=No
     op = "npu_fusion_attention_v2"
     input_layout = input_layout.upper()
     _refuse(op, pse=pse, padding_mask=padding_mask, prefix=prefix, q_start_idx=q_start_idx,
-            kv_start_idx=kv_start_idx, sink=sink, dropout_mask=dropout_mask)
+            kv_start_idx=kv_start_idx, dropout_mask=dropout_mask)
     if pse_type != 1:
         _fail(op, f"pse_type {pse_type} (internally generated or multiply-first position bias) is not supported; "
                   "only the default 1")
@@ -77,9 +125,9 @@ def npu_fusion_attention_v2(query, key, value, head_num, input_layout, *, pse=No
             _fail(op, f"query_rope/key_rope must match query/key but for an equal rope head dim, got "
                       f"{tuple(query_rope.shape)} and {tuple(key_rope.shape)}")
         query, key = torch.cat([query, query_rope], -1), torch.cat([key, key_rope], -1)
-    out, smax, ssum, soft, s, o, n = _v1(op, query, key, value, head_num, input_layout, atten_mask, scale,
-                                         keep_prob, pre_tokens, next_tokens, inner_precise, actual_seq_qlen,
-                                         actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync)
+    out, smax, ssum, soft, s, o, n = _attention(op, query, key, value, head_num, input_layout, atten_mask, scale,
+                                                keep_prob, pre_tokens, next_tokens, inner_precise, actual_seq_qlen,
+                                                actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, sink)
     smax, ssum = _softmax_layout(op, input_layout, softmax_layout, smax, ssum)
     return out, smax, ssum, soft, s, o, n
 
@@ -99,11 +147,11 @@ def npu_fusion_attention_v3(query, key, value, head_num, input_layout, pse=None,
                             inner_precise=0, prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None,
                             sparse_mode=0, gen_mask_parallel=True, sync=False, softmax_layout="", sink=None):
     op = "npu_fusion_attention_v3"
-    _refuse(op, pse=pse, padding_mask=padding_mask, prefix=prefix, sink=sink)
-    out, smax, ssum, soft, s, o, _ = _v1(
+    _refuse(op, pse=pse, padding_mask=padding_mask, prefix=prefix)
+    out, smax, ssum, soft, s, o, _ = _attention(
         op, query, key, value, head_num, input_layout, atten_mask, scale, keep_prob, pre_tockens, next_tockens,
         inner_precise, _lengths(op, "actual_seq_qlen", actual_seq_qlen),
-        _lengths(op, "actual_seq_kvlen", actual_seq_kvlen), sparse_mode, gen_mask_parallel, sync)
+        _lengths(op, "actual_seq_kvlen", actual_seq_kvlen), sparse_mode, gen_mask_parallel, sync, sink)
     smax, ssum = _softmax_layout(op, input_layout, softmax_layout, smax, ssum)
     return out, smax, ssum, soft, torch.tensor(s, dtype=torch.int64), torch.tensor(o, dtype=torch.int64)
 

@@ -109,9 +109,45 @@ def test_fusion_attention_v3_tnd_tensor_lengths_and_causal_mode():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("version,layout,sparse_mode", [(2, "BSND", 2), (3, "BSH", 0), (2, "BNSD", 3)])
+def test_fusion_attention_sink(version, layout, sparse_mode):
+    """A per-head sink logit joins every row's softmax: out = Σ e^(s-m) v / (Σ e^(s-m) + e^(sink-m))."""
+    torch.manual_seed(3)
+    b, s, n, nkv, d = 2, 5, 4, 2, 8
+    q, k, v = torch.randn(b, s, n, d, dtype=F64), torch.randn(b, s, nkv, d, dtype=F64), torch.randn(b, s, nkv, d,
+                                                                                                  dtype=F64)
+    sink = torch.randn(n, dtype=F64)
+    i, j = torch.arange(s).unsqueeze(1), torch.arange(s).unsqueeze(0)
+    if sparse_mode == 0:
+        mask = torch.rand(s, s) > 0.6
+        mask.fill_diagonal_(False)
+        given, full = mask, mask
+    else:  # the compressed mask; 2: top-left causal, 3: bottom-right causal (equal lengths: the same)
+        given, full = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), 1), j > i
+    ins, refs = [leaf(t) for t in (q, k, v, sink)], [ref_leaf(t) for t in (q, k, v, sink)]
+    to_layout = {"BSND": lambda t: t, "BSH": lambda t: t.flatten(2), "BNSD": lambda t: t.transpose(1, 2)}[layout]
+    qn, kn, vn = (to_layout(t) for t in ins[:3])
+    fn = torch_npu.npu_fusion_attention_v2 if version == 2 else torch_npu.npu_fusion_attention_v3
+    res = fn(qn, kn, vn, n, layout, atten_mask=given.to(NPU), scale=0.3, sparse_mode=sparse_mode, sink=ins[3])
+    heads = []
+    for bb in range(b):
+        per = []
+        for h in range(n):
+            sc = (refs[0][bb, :, h] @ refs[1][bb, :, h // 2].t()) * 0.3
+            sc = torch.cat([sc.masked_fill(full, float("-inf")), refs[3][h].expand(s, 1)], -1)
+            per.append(torch.softmax(sc, -1)[:, :-1] @ refs[2][bb, :, h // 2])
+        heads.append(torch.stack(per, 1))
+    ref = to_layout(torch.stack(heads))
+    _check_grads(res[0], ref, ins, refs, seed=3)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("call,match", [
-    (lambda q: ops.npu_fusion_attention_v2(q, q, q, 2, "BNSD", sink=torch.zeros(2, device=NPU)),
-     "npu_fusion_attention_v2: sink"),
+    (lambda q: ops.npu_fusion_attention_v2(q, q, q, 2, "BNSD", sink=torch.zeros(3, device=NPU)),
+     "npu_fusion_attention_v2: sink must be"),
+    (lambda q: ops.npu_fusion_attention_v3(q[0], q[0], q[0], 2, "TND", sink=torch.zeros(2, device=NPU),
+                                           actual_seq_qlen=torch.tensor([2]), actual_seq_kvlen=torch.tensor([2])),
+     "npu_fusion_attention_v3: sink with input_layout 'TND'"),
     (lambda q: ops.npu_fusion_attention_v2(q, q, q, 2, "BNSD", pse_type=2), "pse_type"),
     (lambda q: ops.npu_fusion_attention_v2(q, q, q, 2, "BNSD", softmax_layout="TND"), "softmax_layout"),
     (lambda q: ops.npu_fusion_attention_v2(q, q, q, 2, "BNSD", query_rope=q), "key_rope"),
@@ -130,7 +166,8 @@ def test_fusion_attention_v2_v3_compile_fullgraph():
         a = torch_npu.npu_fusion_attention_v2(q, k, v, 2, "BNSD", scale=0.5)[0]
         b = torch_npu.npu_fusion_attention_v3(q, k, v, 2, "BNSD", scale=0.5, next_tockens=0,
                                               atten_mask=torch.ones(3, 3, dtype=torch.bool, device=q.device).triu(1))[0]
-        return (a + b).sum()
+        c = torch_npu.npu_fusion_attention_v2(q, k, v, 2, "BNSD", scale=0.5, sink=q[0, :, 0, 0])[0]
+        return (a + b + c).sum()
 
     base = [torch.randn(1, 2, 3, 4) for _ in range(3)]
     ce, ee = [leaf(t) for t in base], [leaf(t) for t in base]
@@ -139,5 +176,25 @@ def test_fusion_attention_v2_v3_compile_fullgraph():
     torch.testing.assert_close(lc.detach().cpu(), le.detach().cpu())
     lc.backward()
     le.backward()
+    for a, b in zip(ce, ee):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.cpu())
+
+
+@pytest.mark.timeout(300)
+def test_fusion_attention_v2_rope_compile_fullgraph():
+    """The rope extension makes the query/key head dim larger than value's: the traced output keeps value's."""
+    def fn(q, k, v, qr, kr, mask):
+        return torch_npu.npu_fusion_attention_v2(q, k, v, 2, "TND", atten_mask=mask, query_rope=qr, key_rope=kr,
+                                                 actual_seq_qlen=[2, 5], actual_seq_kvlen=[2, 5], scale=0.4)[0]
+
+    base = [torch.randn(5, 2, 4) for _ in range(3)] + [torch.randn(5, 2, 2) for _ in range(2)]
+    mask = torch.triu(torch.ones(3, 3, dtype=torch.bool), 1).to(NPU)
+    ce, ee = [leaf(t) for t in base], [leaf(t) for t in base]
+    oc = torch.compile(fn, fullgraph=True, backend="aot_eager")(*ce, mask)
+    oe = fn(*ee, mask)
+    assert oc.shape == (5, 2, 4)
+    torch.testing.assert_close(oc.detach().cpu(), oe.detach().cpu())
+    oc.pow(2).sum().backward()
+    oe.pow(2).sum().backward()
     for a, b in zip(ce, ee):
         torch.testing.assert_close(a.grad.cpu(), b.grad.cpu())
