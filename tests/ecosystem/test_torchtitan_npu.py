@@ -31,7 +31,7 @@ from launch_helpers import run_npurun  # noqa: E402
 
 pytest.importorskip("torchtitan_npu", reason="torchtitan-npu is not installed (requirements-test.txt pins it)")
 
-RUN_TIMEOUT = 240  # s for one 2-rank run; about 50 s each on the 2-core machine (most of it importing torchtitan)
+RUN_TIMEOUT = 240  # s for one 2-rank run: 11-14 s on the quiet 2-core machine, ~50 s under heavy load (imports)
 REL_TOL = 1e-5
 STEPS = 3
 FUSED = ["npu_rms_norm", "npu_rope"]
@@ -70,11 +70,13 @@ def assets(tmp_path_factory) -> Path:
     return root
 
 
-def _config(assets: Path, out: Path, model: str, converters: list[str], parallelism: dict[str, int]) -> str:
+def _config(assets: Path, out: Path, model: str, converters: list[str], parallelism: dict[str, int],
+            steps: int = STEPS, job_extra: str = "", extra: str = "") -> str:
     par = "\n".join(f"{k} = {v}" for k, v in parallelism.items())
     return f"""\
 [job]
 dump_folder = "{out}"
+{job_extra}
 [metrics]
 log_freq = 1
 [model]
@@ -92,23 +94,24 @@ dataset = "c4_test"
 dataset_path = "{assets / 'data'}"
 local_batch_size = 2
 seq_len = 64
-steps = {STEPS}
+steps = {steps}
 mixed_precision_param = "float32"
 [parallelism]
 {par}
 [debug]
 seed = 0
 deterministic = true
+{extra}
 """
 
 
 def _train(tmp_path: Path, assets: Path, name: str, model: str, converters: list[str],
-           parallelism: dict[str, int]) -> list[float]:
+           parallelism: dict[str, int], steps: int = STEPS, **toml_extra: str) -> list[float]:
     """Run torchtitan-npu's entry point on 2 npu ranks; the loss of each step (rank 0's log)."""
     run_dir = tmp_path / name
     run_dir.mkdir()
     cfg = run_dir / "job.toml"
-    cfg.write_text(_config(assets, run_dir / "out", model, converters, parallelism))
+    cfg.write_text(_config(assets, run_dir / "out", model, converters, parallelism, steps, **toml_extra))
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(run_dir / "hf")}
     res = run_npurun(["--nproc", "2", "-m", "torchtitan_npu.entry", "--job.config_file", str(cfg)], run_dir,
                      env=env, timeout=RUN_TIMEOUT)
@@ -119,8 +122,8 @@ def _train(tmp_path: Path, assets: Path, name: str, model: str, converters: list
     applied = {m.group(1): int(m.group(2)) for ln in lines if (m := _APPLIED.match(ln))}
     assert applied == {c: applied.get(c, 0) for c in converters} and all(applied.values()), applied
     losses = {int(m.group(1)): float(m.group(2)) for ln in lines if (m := _STEP.match(ln))}
-    assert sorted(losses) == list(range(1, STEPS + 1)), "\n".join(lines[-80:])
-    return [losses[s] for s in range(1, STEPS + 1)]
+    assert sorted(losses) == list(range(1, steps + 1)), "\n".join(lines[-80:])
+    return [losses[s] for s in range(1, steps + 1)]
 
 
 def _assert_same_losses(fused: list[float], unfused: list[float]) -> None:
@@ -158,3 +161,17 @@ def test_deepseek_v3_moe_converters_train_the_same_with_expert_parallel(tmp_path
     ep = _train(tmp_path, assets, "moe_ep", "deepseek_v3", MOE,
                 {"data_parallel_shard_degree": 2, "expert_parallel_degree": 2})
     _assert_same_losses(ep, fsdp)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_torchtitan_npu_profiling_writes_an_npu_trace(tmp_path, assets):
+    # torchtitan-npu's profiling patch (its custom config's [profiling] fields) drives torch_npu.profiler with
+    # ProfilerActivity.NPU, an _ExperimentalConfig and tensorboard_trace_handler: steps 3-4 of rank 0.
+    prof = "[profiling]\nenable_profiling = true\nprofile_step_start = 3\nprofile_step_end = 4\nprofile_ranks = [0]"
+    _train(tmp_path, assets, "prof", "llama3", FUSED, {"data_parallel_shard_degree": 2}, steps=4,
+           job_extra='custom_config_module = "torchtitan_npu.config.custom_config"', extra=prof)
+    traces = list((tmp_path / "prof" / "out" / "profile_traces").glob("*.json"))
+    assert len(traces) == 1, traces
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)            # device-side (npu) activity was recorded
+    assert any("npu_rms_norm" in e.get("name", "") for e in events)  # the converter's operator ran in the window
