@@ -13,9 +13,12 @@ converters npu_gmm (npu_grouped_matmul + npu_swiglu) and npu_permute (npu_moe_to
 have no unfused twin to equal: npu_gmm's expert code casts activations and weights to bfloat16, and it replaces
 GroupedExperts.init_weights (a fused w13 drawn with normal_ after w2, where torchtitan draws w1, w2, w3 with
 trunc_normal_), so its model starts from other weights. Their runs are compared with themselves instead: FSDP2
-against FSDP2 + expert parallel 2, where npu_permute's own dispatch/combine moves the tokens. npu_fusion_attention is not usable with torchtitan 0.2.2
-at all: torchtitan's llama3 attention calls its inner attention with `enable_gqa=`, which torchtitan-npu's
-NPUFusionAttention.forward does not accept (a TypeError raised in torchtitan-npu's code, on any device).
+against FSDP2 + expert parallel 2, where npu_permute's own dispatch/combine moves the tokens.
+npu_fusion_attention is not usable with torchtitan 0.2.2 at all: torchtitan's llama3 attention calls its inner
+attention with `enable_gqa=`, which torchtitan-npu's NPUFusionAttention.forward does not accept (a TypeError raised
+in torchtitan-npu's code, on any device).
+
+Also run: torchtitan-npu's swap optimizer (equal to AdamW) and its profiling patch (an npu trace).
 """
 import json
 import math
@@ -71,7 +74,7 @@ def assets(tmp_path_factory) -> Path:
 
 
 def _config(assets: Path, out: Path, model: str, converters: list[str], parallelism: dict[str, int],
-            steps: int = STEPS, job_extra: str = "", extra: str = "") -> str:
+            steps: int = STEPS, job_extra: str = "", optimizer_extra: str = "", extra: str = "") -> str:
     par = "\n".join(f"{k} = {v}" for k, v in parallelism.items())
     return f"""\
 [job]
@@ -87,6 +90,7 @@ converters = {json.dumps(converters)}
 [optimizer]
 name = "AdamW"
 lr = 8e-4
+{optimizer_extra}
 [lr_scheduler]
 warmup_steps = 1
 [training]
@@ -106,7 +110,8 @@ deterministic = true
 
 
 def _train(tmp_path: Path, assets: Path, name: str, model: str, converters: list[str],
-           parallelism: dict[str, int], steps: int = STEPS, **toml_extra: str) -> list[float]:
+           parallelism: dict[str, int], steps: int = STEPS, expect_log: str = "",
+           **toml_extra: str) -> list[float]:
     """Run torchtitan-npu's entry point on 2 npu ranks; the loss of each step (rank 0's log)."""
     run_dir = tmp_path / name
     run_dir.mkdir()
@@ -121,6 +126,7 @@ def _train(tmp_path: Path, assets: Path, name: str, model: str, converters: list
     assert not [ln for ln in lines if "\u2717" in ln], "\n".join(ln for ln in lines if "\u2717" in ln)
     applied = {m.group(1): int(m.group(2)) for ln in lines if (m := _APPLIED.match(ln))}
     assert applied == {c: applied.get(c, 0) for c in converters} and all(applied.values()), applied
+    assert not expect_log or any(expect_log in ln for ln in lines), f"no log line with {expect_log!r}"
     losses = {int(m.group(1)): float(m.group(2)) for ln in lines if (m := _STEP.match(ln))}
     assert sorted(losses) == list(range(1, steps + 1)), "\n".join(lines[-80:])
     return [losses[s] for s in range(1, steps + 1)]
@@ -132,11 +138,29 @@ def _assert_same_losses(fused: list[float], unfused: list[float]) -> None:
     assert unfused[-1] < unfused[0], unfused  # it trains
 
 
+FSDP2 = {"data_parallel_shard_degree": 2}
+
+
+@pytest.fixture(scope="module")
+def llama3_fsdp2_fused(tmp_path_factory, assets) -> list[float]:
+    """The losses of llama3 FSDP2 with the fused converters (two tests compare with it)."""
+    return _train(tmp_path_factory.mktemp("llama3_fsdp2"), assets, "fused", "llama3", FUSED, FSDP2)
+
+
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
-def test_llama3_fsdp2_converters_match_unfused(tmp_path, assets):
-    par = {"data_parallel_shard_degree": 2}
-    _assert_same_losses(_train(tmp_path, assets, "fused", "llama3", FUSED, par),
-                        _train(tmp_path, assets, "unfused", "llama3", [], par))
+def test_llama3_fsdp2_converters_match_unfused(tmp_path, assets, llama3_fsdp2_fused):
+    _assert_same_losses(llama3_fsdp2_fused, _train(tmp_path, assets, "unfused", "llama3", [], FSDP2))
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
+def test_llama3_fsdp2_swap_optimizer_matches_adamw(tmp_path, assets, llama3_fsdp2_fused):
+    # torchtitan-npu's swap optimizer keeps AdamW's states on the host and updates them slice by slice on npu
+    # streams (its custom config's [optimizer] swap_optimizer): the same AdamW math.
+    swapped = _train(tmp_path, assets, "swap", "llama3", FUSED, FSDP2,
+                     job_extra='custom_config_module = "torchtitan_npu.config.custom_config"',
+                     optimizer_extra="swap_optimizer = true",
+                     expect_log="Building SwapOptimizersContainer")  # its patch, not plain AdamW, ran
+    _assert_same_losses(swapped, llama3_fsdp2_fused)
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
