@@ -15,9 +15,9 @@
 * The loss needs nothing: every cp rank holds the same number of tokens, so the mean of the per-rank mean
   losses is the mean over the sequence, and FSDP averages the gradients over dp_shard x cp.
 
-PyTorch's own ``torch.distributed.tensor.experimental.context_parallel`` dispatches only the CUDA SDPA
-kernels (flash, efficient, cuDNN) to its ring implementation, while SDPA on npu (as on cpu) runs the
-``_scaled_dot_product_flash_attention_for_cpu`` kernel, which it does not handle; hence this module.
+PyTorch's own ``torch.distributed.tensor.experimental.context_parallel`` also runs on npu (npu DTensor attention
+runs the flash operator its ring handles, ``npudist.device.attention``); plans use this module, whose ring
+overlaps each transfer with a block's attention and which offers Ulysses (docs/context_parallel.md).
 """
 from __future__ import annotations
 
