@@ -37,6 +37,8 @@ _LIB: torch.library.Library | None = None
 
 
 def _is_dtensor(t) -> bool:
+    if type(t) is torch.Tensor:   # the common case, decided without importing torch.distributed
+        return False
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
@@ -88,14 +90,18 @@ def _npu_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             and _wants_flash(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)):
         return torch.ops.aten._scaled_dot_product_flash_attention.default(
             query, key, value, 0.0, is_causal, scale=scale)[0]
-    if torch._C._dispatch_tls_is_dispatch_key_included(DispatchKey.PythonDispatcher):
+    if torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_DISPATCHER):
         from npudist.compile.attention import trace_attention   # tracing: what the py_impl there answers
 
         return trace_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                enable_gqa=enable_gqa)
-    return torch.ops.aten.scaled_dot_product_attention.default._op_dk(
-        DispatchKey.CompositeImplicitAutograd, query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-        enable_gqa=enable_gqa)
+    return _SDPA._op_dk(_COMPOSITE, query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                        enable_gqa=enable_gqa)
+
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_COMPOSITE = DispatchKey.CompositeImplicitAutograd
+_PYTHON_DISPATCHER = DispatchKey.PythonDispatcher
 
 
 @functools.cache
