@@ -103,7 +103,8 @@ WORST = {}   # largest |got - want| per check name prefix, printed at the end (t
 def _close(name, got, want, **tol):
     got, want = got.detach().cpu(), want.detach().cpu()
     key = "parameters" if " after " in name else "parameter gradients" if ".grad" in name else name.split(" ")[0]
-    WORST[key] = max(WORST.get(key, 0.0), (got - want).abs().max().item())
+    rel = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    WORST[key] = max(WORST.get(key, (0.0, 0.0)), ((got - want).abs().max().item(), rel))
     if not torch.allclose(got, want, **(tol or TIGHT)):
         raise AssertionError(f"rank {RANK}: {name} differs from one device by {(got - want).abs().max().item():.3e}")
 
@@ -230,5 +231,5 @@ def tensor_parallel_transformer(sp: str):
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])
-    print("max abs differences:", {k: f"{v:.1e}" for k, v in WORST.items()}, flush=True)
+    print("max abs differences:", {k: f"{a:.1e} ({r:.1e} of the norm)" for k, (a, r) in WORST.items()}, flush=True)
     print("SCENARIO OK", flush=True)
