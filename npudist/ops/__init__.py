@@ -7,6 +7,7 @@ Semantics and the differences from Ascend: docs/torch_npu.md.
 """
 from npudist.ops import (activation, aten_matmul, attention, attention_update, layout, loss, matmul, moe,  # noqa: F401
                          norm, optim, rotary)  # (registration)
+from npudist.ops import mc2  # noqa: F401, E402  (registration: the compute-communication operators)
 from npudist.ops import attention_v2, bert_adam, format, gating, online_max_sum, routing  # noqa: F401  (registration)
 
 # Public operators, as torch_npu exposes them (torch_npu.<name>); backward operators are internal.
@@ -20,6 +21,7 @@ OPS = (
     "npu_gelu_mul", "npu_clipped_swiglu", "npu_apply_rotary_pos_emb", "npu_mrope", "npu_cross_entropy_loss",
     "npu_apply_adam", "npu_ring_attention_update", "npu_attention_update", "npu_transpose", "npu_confusion_transpose",
     "npu_broadcast", "npu_pad", "npu_one_hot", "npu_dtype_cast",
+    "npu_all_gather_base_mm", "npu_mm_reduce_scatter_base", "npu_mm_all_reduce_base",
 )
 OPS += ("npu_moe_gating_top_k_softmax", "npu_moe_gating_top_k_softmax_v2", "npu_moe_gating_top_k",
         "npu_moe_gating_top_k_backward", "npu_moe_init_routing_v2", "npu_grouped_matmul_finalize_routing",

@@ -10,8 +10,9 @@
 * ``npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op='sum', bias=None, x3=None, comm_turn=0, ...)``:
   ``allreduce(x1 @ x2 + bias + x3)``, x1 2-D or 3-D.
 
-The collective runs over the process group ``hcom`` names, chunked along the rows and pipelined: the matmul of
-chunk i runs on the compute stream while chunk i+1 is in flight on the communicator's stream. Ascend's
+The collective runs over the process group ``hcom`` names, optionally chunked along the rows and pipelined (the
+matmul of chunk i on the compute stream while chunk i+1 is in flight on the communicator's stream; one chunk by
+default, see ``_MAX_CHUNKS``). Ascend's
 quantised forms (scales, antiquant, dequant, comm quantisation, output dtypes) are refused; any floating dtype
 works (Ascend: float16/bfloat16). ``world_size`` must be the group's size and one of Ascend's 2, 4, 8, 16;
 ``comm_turn`` must be 0 and ``reduce_op`` 'sum', as in Ascend's kernels; ``comm_mode`` ('ai_cpu'/'aiv') selects
@@ -28,10 +29,13 @@ from npudist.hccl.comm_name import backend_of
 
 _WORLD_SIZES = (2, 4, 8, 16)   # the group sizes Ascend's MC2 kernels take (A2: 2/4/8, A3: also 16)
 _COMM_MODES = (None, "ai_cpu", "aiv")
-# Rows per pipeline chunk at least this many, and at most this many chunks: below, the per-chunk launch and
-# collective overhead outweighs what overlapping saves.
+# Rows per pipeline chunk at least this many, and at most this many chunks. One chunk (no overlap) by default:
+# on the emulated device a rank's compute and communicator streams are host threads, and on the 2-core machine
+# benchmarks/mc2.py measured 4 chunks at 0.45-1.10x the unfused time (docs/torch_npu.md, "MC2"), i.e. no gain
+# when the cores are already busy. Machines with idle cores per rank can raise it (benchmarks/mc2.py
+# --max-chunks); tests run the pipelined path with 4.
 _MIN_CHUNK_ROWS = 32
-_MAX_CHUNKS = 4
+_MAX_CHUNKS = 1
 
 
 def _fail(op: str, msg: str):

@@ -13,7 +13,8 @@ Plan styles and the layouts they get (``seq`` is ``Shard(1)`` with sequence para
                 (gather the sequence before attention / MLP).
 
 With no pattern plan, the model spec's built-in plan is used: either pattern -> style like a plan's, or
-a function returning FQN -> ParallelStyle. Weights tied across modules are re-tied after sharding.
+a function returning FQN -> ParallelStyle. Weights tied across modules are re-tied after sharding. With
+``async_tp`` the sequence-parallel linear pairs run on the MC2 operators (npudist.tp.async_tp).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from npudist.plan.patterns import matches
+from npudist.tp.async_tp import async_plan
 
 
 def _style(style: str, name: str, module: nn.Module, sequence_parallel: bool,
@@ -90,7 +92,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_cfg, builtin=None, head: 
     if tp_mesh.ndim != 1:
         raise ValueError(f"apply_tp needs a 1-D tensor-parallel mesh, got {tp_mesh.ndim}-D {tp_mesh}")
     tied = _tied_pairs(model)
-    parallelize_module(model, tp_mesh, resolve_tp_plan(model, tp_cfg, builtin, head))
+    plan = resolve_tp_plan(model, tp_cfg, builtin, head)
+    if getattr(tp_cfg, "async_tp", False):
+        plan = async_plan(model, plan)
+    parallelize_module(model, tp_mesh, plan)
     for owner, oname, user, uname in tied:
         # parallelize_module distributes each module's parameters separately, which unties them. Tied
         # weights need the same sharding on both modules (rowwise embedding, colwise head: both Shard(0)).
