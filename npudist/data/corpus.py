@@ -3,7 +3,10 @@
 Every Python installation ships this text, so a training run needs no download. The text is written once
 to a cache file (atomically, so concurrent ranks cannot see a half-written file) and then read like any
 user-supplied corpus. Modules are visited in sorted order and only pure-Python ones are imported, so the
-corpus is the same on every rank and every run with the same Python version.
+corpus is the same on every rank and every run with the same Python version. The text is gathered in a fresh
+interpreter: in a process that has imported other packages, the standard library's classes can carry methods
+those packages added or replaced, and the text (and every loss trained on it) would depend on what the caller
+imported before.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import importlib
 import inspect
 import io
 import os
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -84,14 +88,29 @@ def default_corpus_path(cache_dir: str | None = None, max_bytes: int = DEFAULT_M
     """Path of the stdlib-docstring corpus, generating it on first use. The file name carries the Python
     version and size so a different interpreter never reuses another's text."""
     cache_dir = cache_dir or _default_cache_dir()
-    tag = hashlib.sha1(f"{sys.version}|{max_bytes}|{' '.join(_MODULES)}".encode()).hexdigest()[:10]
+    tag = hashlib.sha1(f"fresh|{sys.version}|{max_bytes}|{' '.join(_MODULES)}".encode()).hexdigest()[:10]
     path = os.path.join(cache_dir, f"stdlib_docstrings_{tag}.txt")
     if os.path.exists(path):
         return path
     os.makedirs(cache_dir, exist_ok=True)
-    text = build_stdlib_corpus(max_bytes)
+    text = _build_in_fresh_interpreter(max_bytes)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".corpus_")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)  # atomic: another rank generating the same text concurrently is harmless
     return path
+
+
+def _build_in_fresh_interpreter(max_bytes: int) -> str:
+    """build_stdlib_corpus run by this file in an isolated interpreter (-I: no user site, no PYTHONPATH), so the
+    text does not depend on what the calling process imported (see the module docstring)."""
+    res = subprocess.run([sys.executable, "-I", os.path.abspath(__file__), str(max_bytes)],
+                         capture_output=True, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"building the stdlib corpus failed: {res.stderr.decode(errors='replace')[-2000:]}")
+    return res.stdout.decode("utf-8")
+
+
+if __name__ == "__main__":
+    sys.stdout.buffer.write(build_stdlib_corpus(int(sys.argv[1])).encode("utf-8"))
+

@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 from torch.library import custom_op
 
-from npudist.hccl.comm_name import backend_of
 
 _WORLD_SIZES = (2, 4, 8, 16)   # the group sizes Ascend's MC2 kernels take (A2: 2/4/8, A3: also 16)
 _COMM_MODES = (None, "ai_cpu", "aiv")
@@ -44,6 +43,11 @@ def _fail(op: str, msg: str):
 
 def group_of(hcom: str, op: str) -> dist.ProcessGroup:
     """The process group whose hccl communicator is named ``hcom``."""
+    # Imported here, not at module level: registration imports npudist.ops while npudist.hccl may still be
+    # initialising (`python -m npudist.hccl.trace` imports torch from inside npudist.hccl, and torch's autoload
+    # registers everything), and comm_name needs the finished package.
+    from npudist.hccl.comm_name import backend_of
+
     try:
         backend = backend_of(hcom)
     except ValueError as e:
