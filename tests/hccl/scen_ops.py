@@ -234,6 +234,9 @@ def p2p_and_misc():
     y = torch.randn(64, 64) @ torch.randn(64, 64)  # host compute while the op runs
     fut = w.get_future()
     res = fut.wait()
+    if device == "npu":
+        # NCCL's semantics: Future.wait() orders the current stream after the op, the host goes on.
+        torch.npu.current_stream().synchronize()
     assert w.is_completed() and y.shape == (64, 64)
     close(res[0], torch.full((1 << 16,), float(WS)), "future value")
     # Overlap, deterministically: rank 1 joins only after rank 0 has finished host work issued after

@@ -3,8 +3,10 @@
 #include <ATen/record_function.h>
 #include <mutex>
 #include <unordered_map>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "callback_pool.h"
 #include "internal.h"
 #include "process_group_hccl.h"
 #include "profiling.h"
@@ -61,14 +63,33 @@ struct Gate {
   }
 };
 
+// Hands a collective's failure to the launch table, which raises it at the next synchronization point.
+void record_async_failure(const std::exception_ptr& err, const char* how) {
+  std::string msg;
+  try {
+    std::rethrow_exception(err);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  launch_api()->record_async_error(c10::str(msg, "\n(", how, ")").c_str());
+}
+
 // Runs on the group's comm stream and returns once the op has completed, so the allocator (which
-// tracks the comm stream through record_stream) reuses the op's memory only afterwards.
+// tracks the comm stream through record_stream) reuses the op's memory only afterwards, and work ordered
+// after the op's future (recorded on this stream right after the fence) sees its result. A failure whose
+// future was handed out and that no wait() reported is raised at the next synchronization point: the
+// future completed at launch and cannot carry it.
 struct Fence {
   c10::intrusive_ptr<WorkHCCL> work;
   static void wait_fn(void* arg) {
-    auto* f = static_cast<Fence*>(arg);
+    std::unique_ptr<Fence> f(static_cast<Fence*>(arg));
     f->work->block_until_done();
-    delete f;
+    if (f->work->future_taken_ && !f->work->observed_) {
+      if (auto err = f->work->exception()) {
+        record_async_failure(err, "the Work's future on npu tensors completes when the op is issued, ordered on "
+                                  "the npu stream; its failure surfaces at the next synchronization");
+      }
+    }
   }
 };
 
@@ -103,8 +124,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   te.shapes = spec.shapes;
   te.root = spec.root;
   const uint64_t trace_id = recorder_->record(std::move(te));
-  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id);
-  work->device_ = device;
+  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
   const auto& s = work->spec_;
 
   int64_t cur_stream = 0;
@@ -120,6 +140,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
     // Synchronous op on the caller's thread: ordered after the current stream by draining it.
     if (stream_busy) api->stream_synchronize(device, cur_stream);
     work->observed_ = true;  // c10d waits on a synchronous op right away: its caller gets any error
+    work->future_inline_ = true;
     profiling::note_launch(*work, device, cur_stream);
     execute(work);
     return work;
@@ -143,6 +164,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
       }
     }
     api->launch_host_func(device, cs, &Fence::wait_fn, new Fence{work});
+    work->complete_future_at_launch(stream);
     profiling::note_launch(*work, device, cs);
   }
   {
@@ -258,14 +280,27 @@ const std::vector<at::Tensor>& profiled_inputs(const OpSpec& spec) {
 
 }  // namespace
 
-WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id)
+namespace {
+
+// NCCL's future type: the op's tensors, on the op's device (none for cpu tensors).
+c10::intrusive_ptr<c10::ivalue::Future> make_future(int device) {
+  std::vector<c10::Device> devices;
+  if (device >= 0) devices.emplace_back(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                  std::move(devices));
+}
+
+}  // namespace
+
+WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id, int device)
     : c10d::Work(pg->getRank(), spec.type, profiling_title(spec), profiled_inputs(spec)),
       spec_(std::move(spec)),
       seq_(seq),
       trace_id_(trace_id),
       issued_(std::chrono::steady_clock::now()),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
-      pg_(pg) {}
+      future_(make_future(device)),
+      pg_(pg),
+      device_(device) {}
 
 std::string WorkHCCL::describe() const {
   return c10::str(spec_.name, spec_.p2p ? c10::str(" (p2p seq ", seq_, ", peer ", spec_.peer, ")")
@@ -292,18 +327,9 @@ std::exception_ptr WorkHCCL::exception() const {
 
 namespace {
 
-// Hands a collective's failure to the launch table, which raises it at the next synchronization point.
 void record_wait_failure(const std::exception_ptr& err) {
-  std::string msg;
-  try {
-    std::rethrow_exception(err);
-  } catch (const std::exception& e) {
-    msg = e.what();
-  }
-  launch_api()->record_async_error(
-      c10::str(msg, "\n(Work.wait() on npu tensors orders the current npu stream after the collective and "
-                    "returns; set TORCH_HCCL_BLOCKING_WAIT=1 to raise in wait())")
-          .c_str());
+  record_async_failure(err, "Work.wait() on npu tensors orders the current npu stream after the collective and "
+                            "returns; set TORCH_HCCL_BLOCKING_WAIT=1 to raise in wait()");
 }
 
 // Queued on the waiting thread's current npu stream by a non-blocking wait(): holds the stream until the op
@@ -378,8 +404,39 @@ bool WorkHCCL::wait(std::chrono::milliseconds timeout) {
                              "within the wait timeout of ",
                              timeout.count(), " ms"));
   }
-  if (exception_) std::rethrow_exception(exception_);
+  auto err = exception_;
+  lk.unlock();
+  // DDP reads getFuture()->value() right after wait(): the future must be complete when wait() returns.
+  if (!finish_future() && !future_->completed()) future_->wait();
+  if (err) std::rethrow_exception(err);
   return true;
+}
+
+bool WorkHCCL::finish_future() {
+  if (future_claimed_.exchange(true)) return false;
+  std::exception_ptr err = exception();
+  if (err) {
+    future_->setError(err);
+  } else {
+    future_->markCompleted(c10::IValue(spec_.outputs));
+  }
+  return true;
+}
+
+void WorkHCCL::complete_future_at_launch(const c10::Stream& comm_stream) {
+  future_claimed_ = true;
+  // The storages of inputs and outputs: a consumer of the future (a send's included) is ordered after the
+  // whole op, and the comm stream's fence keeps the memory until then.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> storages;
+  for (const auto* v : {&spec_.inputs, &spec_.outputs}) {
+    for (const auto& t : *v) {
+      if (t.defined() && t.has_storage() && t.device().type() == c10::DeviceType::PrivateUse1) {
+        storages.push_back(t.storage().getWeakStorageImpl());
+      }
+    }
+  }
+  c10::StreamGuard on_comm_stream(comm_stream);  // markCompleted records its events on the current stream
+  future_->markCompleted(c10::IValue(spec_.outputs), std::move(storages));
 }
 
 void WorkHCCL::synchronize() { wait(kNoTimeout); }
@@ -418,9 +475,11 @@ void WorkHCCL::complete(std::exception_ptr error) {
     } catch (const std::exception& e) {
       msg = e.what();
     }
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(spec_.outputs));
+  }
+  if (future_inline_) {
+    finish_future();  // on the caller's thread, before the Work is returned: no callback exists yet
+  } else if (!future_claimed_) {
+    post_completion([w = c10::intrusive_ptr<WorkHCCL>::reclaim_copy(this)] { w->finish_future(); });
   }
   pg_->recorder_->mark_done(trace_id_, msg);
   pg_->on_work_done(this);

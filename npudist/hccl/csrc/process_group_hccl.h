@@ -238,14 +238,18 @@ class ProcessGroupHCCL : public c10d::Backend {
 // The Work returned by every op.
 class WorkHCCL : public c10d::Work {
  public:
-  WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id);
+  // device: the npu device of the op's tensors, -1 for cpu tensors (the future's devices).
+  WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id, int device);
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
   void abort() override;
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    future_taken_ = true;
+    return future_;
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return future_; }
   std::vector<at::Tensor> result() override { return spec_.outputs; }
   uint64_t getSequencenumber() const override { return seq_; }
@@ -256,6 +260,9 @@ class WorkHCCL : public c10d::Work {
   void block_until_done();
   // Completes the work (once); called by the executing thread.
   void complete(std::exception_ptr error);
+  // npu tensors, asynchronous launch path: completes the future now, its value ordered on the comm stream
+  // (events recorded there after the op's fence), as NCCL's future completes at launch.
+  void complete_future_at_launch(const c10::Stream& comm_stream);
   std::string describe() const;
 
   OpSpec spec_;
@@ -265,6 +272,13 @@ class WorkHCCL : public c10d::Work {
   std::atomic<bool> observed_{false};     // the user saw the outcome (wait/future)
   std::atomic<bool> error_handled_{false};  // the watchdog acted on its failure
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Futures: cpu tensors' complete with the op, on a callback thread (callback_pool.h) or on a thread that
+  // wait()s for the op, whichever claims it first; never on the thread that ran the op, where a then()
+  // callback that waits for another op of the group would deadlock it. An op run at launch on the caller's
+  // thread completes its future there (no callback can be attached yet).
+  std::atomic<bool> future_claimed_{false};
+  std::atomic<bool> future_taken_{false};  // getFuture() was called (DDP hooks): failures must surface
+  bool future_inline_ = false;             // the op runs at launch on the caller's thread
   ProcessGroupHCCL* pg_;  // valid while the work is outstanding (the group drains before dying)
   Lane* lane_ = nullptr;  // the collective lane it was queued on (wait() may run it there and then)
   uint64_t ticket_ = 0;
@@ -274,6 +288,8 @@ class WorkHCCL : public c10d::Work {
   // wait() without blocking the host: order the caller's current npu stream after this op.
   bool wait_on_stream();
   void close_profiling_event();
+  // Completes the future with the op's outcome if nobody has yet; returns false if another thread claimed it.
+  bool finish_future();
 };
 
 // Mapping helpers shared by the translation units.
