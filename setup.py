@@ -1,23 +1,30 @@
 """Build of npudist's two C++ extensions against the *installed* torch.
 
-Use ``pip install --no-build-isolation -e .`` (or ``scripts/setup.sh``) so the build sees torch==2.13.0
-from the environment instead of downloading another torch into an isolated build env.
+Any standard install gives the whole product (docs/install.md): ``pip install .``, ``pip install -e .``,
+``pip wheel .``, ``python -m build``. With ``--no-build-isolation`` the build uses the environment's
+torch==2.13.0 instead of installing another copy into an isolated build environment (``scripts/setup.sh``
+does that). The PEP 517 backend (``packaging/npudist_build.py``) wraps setuptools' to add the pyACL ``.pth``
+file and torch_npu's distribution metadata to the wheel.
 
 * ``npudist._C``       -- the npu device core (``device_core/``): allocator, streams, guard, kernels, RNG.
 * ``npudist.hccl._C``  -- ProcessGroupHCCL adapter (``npudist/hccl/csrc``) + the torch-free collective
                           engine (``npudist/hccl/engine``).
+* the emulated CANN home's libraries (``npudist/cann/build.py``: ``libascendcl.so``, ``libtorch_npu.so``), built
+  before the packages are copied so that they ship as package data.
 
 Environment:
   NPUDIST_BUILD_ONLY=device|hccl   build one extension only (developer iteration).
-  NPUDIST_SKIP_EXT=1               install the Python package without building extensions
-                                   (``scripts/setup.sh`` then builds them incrementally in place).
+  NPUDIST_SKIP_EXT=1               install the Python package without building the torch extensions
+                                   (developer iteration on Python code only).
   NPUDIST_DEBUG_INFO=1             keep debug info (-g) in the extensions (off by default: halves build time).
   MAX_JOBS                         parallel compile jobs (ninja); defaults to the core count.
 """
 import glob
+import importlib.util
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # -g0 overrides the -g that Python's own CFLAGS put first on the command line: debug info for torch's
@@ -104,16 +111,47 @@ def _extensions():
             extra_compile_args=CXX_FLAGS,
             extra_link_args=["-lrt", "-lpthread"],
         ))
-    return exts, {"build_ext": BuildExtension.with_options(use_ninja=True)}
+    class BuildExtensionInTree(BuildExtension.with_options(use_ninja=True)):
+        """Objects in one fixed folder, build/temp: `pip install -e .` would otherwise compile in a new temporary
+        folder each time (setuptools' editable_wheel sets one), so every install recompiled everything; with a
+        fixed folder ninja stays incremental across installs, and `pip wheel .` in the same checkout reuses the
+        objects (the wheel test only links)."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.build_temp = os.path.join(HERE, "build", "temp")
+
+    return exts, {"build_ext": BuildExtensionInTree}
+
+
+class BuildPyWithCann(build_py):
+    """Builds the emulated CANN libraries into the source tree first: build_py copies package data, and the
+    libraries are package data (plain C++, no torch: seconds). npudist/cann/build.py is loaded by path: importing
+    the npudist package would register the device with torch."""
+
+    def run(self):
+        spec = importlib.util.spec_from_file_location("_npudist_cann_build", os.path.join(HERE, "npudist/cann/build.py"))
+        cann_build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cann_build)
+        for path in cann_build.build():
+            print(f"built {os.path.relpath(path, HERE)}")
+        super().run()
 
 
 ext_modules, cmdclass = _extensions()
 
 setup(
-    packages=["npudist", "torch_npu"] + ["npudist." + p for p in (
-        "compile", "device", "hccl", "ops", "fsdp", "tp", "pp", "plan", "mesh", "models", "data", "train", "launch")] + [
-        "torch_npu.contrib", "torch_npu.distributed", "torch_npu.profiler"],
-    package_data={"npudist": ["include/npudist/*.h"]},  # <npudist/extension.h> for user C++ extensions
+    packages=find_packages(include=["npudist", "npudist.*", "torch_npu", "torch_npu.*"]),
+    package_data={
+        "npudist": [
+            "include/npudist/*.h",                    # <npudist/extension.h> for user C++ extensions
+            "cann/home/ascend_toolkit_install.info",  # the emulated CANN home (docs/cann.md)
+            "cann/home/include/acl/*.h",
+            "cann/home/lib64/*.so",
+            "cann/home/python/site-packages/acl/*.py",
+        ],
+        "torch_npu": ["include/torch_npu/csrc/core/npu/*.h", "lib/*.so"],
+    },
     ext_modules=ext_modules,
-    cmdclass=cmdclass,
+    cmdclass={**cmdclass, "build_py": BuildPyWithCann},
 )

@@ -4,7 +4,7 @@
 # hccl and training parity again with ASCEND_LAUNCH_BLOCKING=1: results must be right in both launch modes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 .venv/bin/python -m pytest -n 2 --dist loadgroup "$@" tests
 BLOCKING_SUBSET=(
   tests/device/test_async_launch.py

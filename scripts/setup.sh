@@ -1,69 +1,76 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.11), install torch==2.13.0 + deps, install npudist editable, and build the C++
-# extensions in place (incremental: ninja rebuilds only changed files). Idempotent; safe to re-run.
-# Progress: one "[setup]" line per step, pip's Collecting/Downloading/Installed lines, and one line per
-# compiled C++ file (ninja's [n/N] counter); the full compiler output goes to build_ext.log.
+# The README's set-up step: a .venv (Python 3.11) plus the standard install of npudist, nothing more.
+#   bash scripts/setup.sh          torch==2.13.0, the build tools, then `pip install --no-build-isolation -e .`
+#   bash scripts/setup.sh --test   also the test tools and the pinned test-only dependencies (requirements-test.txt)
+# The editable install is what `pip install -e .` gives anyone (docs/install.md): both C++ extensions, the emulated
+# CANN libraries, the pyACL .pth file, torch_npu's distribution metadata, the commands. It runs on every call and is
+# incremental (ninja rebuilds only changed files). Progress: one "[setup]" line per step, pip's download/install
+# lines, one line per compiled C++ file; the build's full output goes to build_ext.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[setup] $*"; }
 # pip's own progress lines, prefixed; everything else it prints (notices, warnings) is dropped.
 show_pip() { sed -nu -E 's/^ *(Collecting|Processing|Downloading|Using cached|Installing collected|Successfully installed|ERROR)(.*)/[setup]   \1\2/p'; }
+pip_install() { $VPY -m pip install --disable-pip-version-check "$@" 2>&1 | show_pip; }
+with_tests=0
+case "${1:-}" in
+  --test) with_tests=1 ;;
+  "") ;;
+  *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $PY"
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-stamp=.setup-stamp
-want=$(cat pyproject.toml setup.py requirements-test.txt packaging/torch_npu/pyproject.toml | sha1sum | cut -c1-12)
+
+# Dependencies: installed again only when what pins them changes (a stamp per kind).
+stamp=.setup-stamp-main
+want=$(cat pyproject.toml | sha1sum | cut -c1-12)
 if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
-  # torch is pinned exactly: a looser pin pulls a multi-GB CUDA build.
-  say "installing torch==2.13.0 and the build/test tools (pip; a first install downloads ~200 MB)"
-  $VPY -m pip install --disable-pip-version-check "torch==2.13.0" pyyaml numpy pybind11 ninja \
-      pytest pytest-xdist pytest-timeout 2>&1 | show_pip \
-    || { say "FAILED: pip could not install torch and the build/test tools (its ERROR lines are above)"; exit 1; }
-  # Test-only dependencies (pinned; not runtime dependencies of npudist). A failure stops the setup: the
-  # ecosystem tests would otherwise turn into skips.
-  say "installing test-only dependencies (requirements-test.txt)"
-  # Lines marked "# no-deps" install without their declared dependencies (the file pins what they import).
-  with_deps=$(mktemp); grep -v -E '#[[:space:]]*no-deps' requirements-test.txt > "$with_deps"
-  nodeps=$(sed -n -E 's/^([^#[:space:]]+)[[:space:]]+#[[:space:]]*no-deps.*/\1/p' requirements-test.txt)
-  { $VPY -m pip install --disable-pip-version-check -r "$with_deps" \
-      && { [ -z "$nodeps" ] || $VPY -m pip install --disable-pip-version-check --no-deps $nodeps; }; } 2>&1 | show_pip \
-    || { say "FAILED: pip could not install requirements-test.txt (its ERROR lines are above)"; exit 1; }
-  rm -f "$with_deps"
+  # torch is pinned exactly: a looser pin pulls a multi-GB CUDA build. setuptools/wheel/pybind11/ninja: the build
+  # requirements pyproject.toml declares (the install below uses this environment's, not an isolated copy).
+  say "installing torch==2.13.0 and the build tools (pip; a first install downloads ~200 MB)"
+  pip_install "torch==2.13.0" pyyaml numpy "setuptools>=64" wheel pybind11 ninja \
+    || { say "FAILED: pip could not install torch and the build tools (its ERROR lines are above)"; exit 1; }
   $VPY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch 2.13.0 required')"
-  # Package metadata + console scripts (npurun, npudist) without compiling; extensions are built below.
-  say "installing npudist (editable; npurun and npudist commands)"
-  NPUDIST_SKIP_EXT=1 $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
-      2>&1 | { grep -v '^WARNING: Location' || true; }
-  # Distribution metadata for torch_npu (metadata only; the package ships in npudist): libraries such as
-  # diffusers detect Ascend with importlib.metadata.version("torch_npu"). See docs/torch_npu.md.
-  $VPY -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps ./packaging/torch_npu \
-      2>&1 | { grep -v '^WARNING: Location' || true; }
-  # The emulated CANN home's pyACL (`import acl`, e.g. Ray's NPU detection) importable before torch is: a path
-  # entry, appended after PYTHONPATH, so a real toolkit's acl (set_env.sh puts it on PYTHONPATH) wins.
-  $VPY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
-    | { read -r site; echo "$PWD/npudist/cann/home/python/site-packages" > "$site/npudist_cann_acl.pth"; }
   echo "$want" > $stamp
 fi
+if [ $with_tests = 1 ]; then
+  stamp=.setup-stamp-test
+  want=$(cat requirements-test.txt | sha1sum | cut -c1-12)
+  if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
+    # Not runtime dependencies of npudist. A failure stops the setup: the ecosystem tests would turn into skips.
+    say "installing the test tools and test-only dependencies (requirements-test.txt)"
+    # Lines marked "# no-deps" install without their declared dependencies (the file pins what they import).
+    with_deps=$(mktemp); grep -v -E '#[[:space:]]*no-deps' requirements-test.txt > "$with_deps"
+    nodeps=$(sed -n -E 's/^([^#[:space:]]+)[[:space:]]+#[[:space:]]*no-deps.*/\1/p' requirements-test.txt)
+    { pip_install pytest pytest-xdist pytest-timeout -r "$with_deps" \
+        && { [ -z "$nodeps" ] || pip_install --no-deps $nodeps; }; } \
+      || { say "FAILED: pip could not install requirements-test.txt (its ERROR lines are above)"; exit 1; }
+    rm -f "$with_deps"
+    echo "$want" > $stamp
+  fi
+fi
+
 start=$(date +%s)
 log="$PWD/build_ext.log"
 jobs=${MAX_JOBS:-$(nproc)}
-say "building the C++ extensions (ninja, $jobs jobs; a first build takes 3-5 min on 2 cores: files that" \
-    "include torch headers take ~20 s each). Full log: $log"
-# ninja prints "[n/N] c++ ... -c <source> ..." as each file finishes; show "[n/N] <source>" only, and a
-# heartbeat every 30 s without one (a file with torch headers compiles for a minute or more, longer under load).
+say "pip install --no-build-isolation -e . (the C++ extensions with ninja, $jobs jobs; a first build takes" \
+    "3-5 min on 2 cores: files that include torch headers take ~20 s each). Full log: $log"
 shown=0
 show_compiled() {   # the [n/N] lines ninja wrote since the last call; returns 1 if there were none
   local done_now
-  done_now=$(grep -cE '^\[[0-9]+/[0-9]+\] ' "$log" || true)
+  done_now=$(grep -acE '^ *\[[0-9]+/[0-9]+\] ' "$log" || true)
   [ "$done_now" -gt "$shown" ] || return 1
-  grep -E '^\[[0-9]+/[0-9]+\] ' "$log" | sed -n "$((shown + 1)),${done_now}p" \
-    | sed -E "s#^\[([0-9]+/[0-9]+)\] .* -c ($PWD/)?([^ ]+) .*#[setup]   compiled [\1] \3#"
+  grep -aE '^ *\[[0-9]+/[0-9]+\] ' "$log" | sed -n "$((shown + 1)),${done_now}p" \
+    | sed -E "s#^ *\[([0-9]+/[0-9]+)\] .* -c ($PWD/)?([^ ]+) .*#[setup]   compiled [\1] \3#"
   shown=$done_now
 }
-MAX_JOBS=$jobs $VPY setup.py -q build_ext --inplace >"$log" 2>&1 &
+# -v: pip passes the build's output through (ninja's [n/N] lines) into the log.
+MAX_JOBS=$jobs $VPY -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
+  >"$log" 2>&1 &
 build=$!
 quiet_since=$(date +%s)
 while kill -0 $build 2>/dev/null; do
@@ -71,7 +78,7 @@ while kill -0 $build 2>/dev/null; do
   if show_compiled; then
     quiet_since=$(date +%s)
   elif [ $(( $(date +%s) - quiet_since )) -ge 30 ]; then
-    say "  still compiling: $shown file(s) done, $(( $(date +%s) - start ))s so far"
+    say "  still building: $shown file(s) compiled, $(( $(date +%s) - start ))s so far"
     quiet_since=$(date +%s)
   fi
 done
@@ -79,9 +86,7 @@ status=0
 wait $build || status=$?
 show_compiled || true
 if [ $status -ne 0 ]; then
-  tail -n 60 "$log"; echo "C++ build failed (full log: $log)" >&2; exit 1
+  tail -n 60 "$log"; echo "[setup] FAILED: the install of npudist failed (full log: $log)" >&2; exit 1
 fi
-say "extensions built in $(( $(date +%s) - start ))s"
-# The emulated CANN home's libraries (plain C++, seconds; docs/cann.md).
-say "building the emulated CANN libraries (npudist/cann/home/lib64/libascendcl.so, torch_npu/lib/libtorch_npu.so)"
-$VPY -m npudist.cann.build | sed -u 's/^/[setup]   /'
+sed -nu -E 's/^ *built (npudist|torch_npu)(.*)/[setup]   built \1\2/p' "$log"
+say "npudist installed (editable) in $(( $(date +%s) - start ))s"
