@@ -116,10 +116,7 @@ def _check_gating(x, k, bias, input_ids, tid2eid, k_group, group_count, group_se
     if group_select_mode not in (0, 1):
         _fail(_OP, f"group_select_mode must be 0 (group max) or 1 (sum of the group's top 2), got "
                    f"{group_select_mode}")
-    if renorm != 0:
-        _fail(_OP, f"renorm must be 0 (norm, then topk; the only mode Ascend supports), got {renorm}")
-    if norm_type not in (0, 1):
-        _fail(_OP, f"norm_type must be 0 (softmax) or 1 (sigmoid), got {norm_type}")
+    _check_modes(_OP, renorm, norm_type)
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != e):
         _fail(_OP, f"bias must be 1-D of the {e} experts, got shape {tuple(bias.shape)}")
     if (input_ids is None) != (tid2eid is None):
@@ -173,6 +170,13 @@ def _(x, bias, input_ids, tid2eid, k, k_group, group_count, group_select_mode, r
             x.new_empty(x.shape, dtype=torch.float32))
 
 
+def _check_modes(op, renorm, norm_type):
+    if renorm != 0:
+        _fail(op, f"renorm must be 0 (norm, then topk; the only mode Ascend supports), got {renorm}")
+    if norm_type not in (0, 1):
+        _fail(op, f"norm_type must be 0 (softmax) or 1 (sigmoid), got {norm_type}")
+
+
 def _check_gating_backward(x_norm, grad_y, expert_idx, renorm, norm_type):
     op = "npu_moe_gating_top_k_backward"
     if x_norm.dim() != 2 or x_norm.dtype != torch.float32:
@@ -183,10 +187,7 @@ def _check_gating_backward(x_norm, grad_y, expert_idx, renorm, norm_type):
     if tuple(expert_idx.shape) != tuple(grad_y.shape) or expert_idx.dtype not in (torch.int32, torch.int64):
         _fail(op, f"expertIdx must be an int32 tensor of grad_y's shape {tuple(grad_y.shape)}, got "
                   f"{expert_idx.dtype} {tuple(expert_idx.shape)}")
-    if renorm != 0:
-        _fail(op, f"renorm must be 0, got {renorm}")
-    if norm_type not in (0, 1):
-        _fail(op, f"norm_type must be 0 (softmax) or 1 (sigmoid), got {norm_type}")
+    _check_modes(op, renorm, norm_type)
 
 
 def _norm_vjp(s, ds, norm_type):

@@ -9,9 +9,7 @@ npu attention runs on DTensors (``npudist.device.attention``). Both runs are tor
 weights differently from an unsharded one. fp32, deterministic mode, 3 steps of an offline byte-level dataset;
 the losses, printed with 5 decimals, must agree to 1e-5 relative.
 """
-import json
 import math
-import random
 import re
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
 from launch_helpers import run_npurun  # noqa: E402
+from titan_assets import write_titan_assets
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed (requirements-test.txt pins it)")
 
@@ -28,28 +27,6 @@ STEPS = 3
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"^\[rank0\]: .* step:\s+(\d+)\s+loss:\s+([-0-9.eE+naif]+)")
 _WORDS = "the npu rank tensor shard ring key value query head sequence attention block token layer step".split()
-
-
-def _write_assets(root: Path) -> None:
-    """A byte-level tokenizer (256 byte tokens + bos/eos, no merges) and a small JSON-lines text dataset."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    (root / "tokenizer").mkdir()
-    (root / "data").mkdir()
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
-    vocab.update({s: len(vocab) + i for i, s in enumerate(specials)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
-    tok.save(str(root / "tokenizer" / "tokenizer.json"))
-    (root / "tokenizer" / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": specials[0], "eos_token": specials[1]}))
-    rnd = random.Random(0)
-    with open(root / "data" / "train.json", "w") as f:
-        for _ in range(100):
-            f.write(json.dumps({"text": " ".join(rnd.choice(_WORDS) for _ in range(60))}) + "\n")
 
 
 def _job(root: Path, cp: int) -> Path:
@@ -105,7 +82,7 @@ def _losses(lines: list[str]) -> list[float]:
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT + 60)
 def test_llama3_cp2_matches_cp1(tmp_path):
-    _write_assets(tmp_path)
+    write_titan_assets(tmp_path, _WORDS, lines=100)
     _run(tmp_path, 1, _job(tmp_path, 1), "--checkpoint.create_seed_checkpoint", "--checkpoint.folder", "seed",
          "--training.steps", "1")
     seed = ("--checkpoint.initial_load_path", str(tmp_path / "out" / "seed" / "step-0"))

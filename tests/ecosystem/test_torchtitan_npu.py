@@ -22,7 +22,6 @@ Also run: torchtitan-npu's swap optimizer (equal to AdamW) and its profiling pat
 """
 import json
 import math
-import random
 import re
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
 from launch_helpers import run_npurun  # noqa: E402
+from titan_assets import write_titan_assets
 
 pytest.importorskip("torchtitan_npu", reason="torchtitan-npu is not installed (requirements-test.txt pins it)")
 
@@ -49,27 +49,8 @@ _WORDS = ("the npu rank tensor shard gather reduce scatter model layer loss step
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> Path:
-    """A byte-level tokenizer (256 byte tokens + bos/eos, no merges) and a small JSON-lines text dataset."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     root = tmp_path_factory.mktemp("titan_assets")
-    (root / "tokenizer").mkdir()
-    (root / "data").mkdir()
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
-    for s in specials:
-        vocab[s] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
-    tok.save(str(root / "tokenizer" / "tokenizer.json"))
-    (root / "tokenizer" / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": specials[0], "eos_token": specials[1]}))
-    rnd = random.Random(0)
-    with open(root / "data" / "train.json", "w") as f:
-        for _ in range(200):
-            f.write(json.dumps({"text": " ".join(rnd.choice(_WORDS) for _ in range(60))}) + "\n")
+    write_titan_assets(root, _WORDS, lines=200)
     return root
 
 
