@@ -21,8 +21,10 @@ Everything else (extensions, the emulated CANN libraries, headers, commands) is 
 from __future__ import annotations
 
 import base64
+import glob
 import hashlib
 import os
+import shutil
 import zipfile
 
 from setuptools import build_meta as _setuptools
@@ -91,13 +93,24 @@ def _add_files(wheel_path: str, pth_line: str) -> None:
     os.replace(tmp, wheel_path)
 
 
+def _clear_scratch() -> None:
+    """Removes setuptools' wheel scratch folder (build/bdist.<platform>/wheel). A build that stopped half-way
+    leaves the .dist-info folder there, and every later build of this checkout then fails with
+    "[Errno 17] File exists: 'build/bdist.../npudist-<version>.dist-info'". The compiled objects live elsewhere
+    (build/temp), so nothing is rebuilt."""
+    for scratch in glob.glob(os.path.join(ROOT, "build", "bdist.*", "wheel")):
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _clear_scratch()
     name = _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
     _add_files(os.path.join(wheel_directory, name), ACL_PYTHON)   # relative: site-packages/npudist/...
     return name
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    _clear_scratch()
     name = _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
     _add_files(os.path.join(wheel_directory, name), os.path.join(ROOT, ACL_PYTHON))
     return name

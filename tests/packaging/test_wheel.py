@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -27,10 +28,15 @@ def _run(cmd, timeout, **kw):
     return subprocess.run(cmd, timeout=timeout, **kw)
 
 
-@pytest.fixture(scope="module")
+# Session scope: under pytest-xdist a module-scoped fixture is torn down and made again whenever the worker's
+# next test belongs to another file, and this one builds a wheel and a venv (about a minute).
+@pytest.fixture(scope="session")
 def venv(tmp_path_factory):
     base = tmp_path_factory.mktemp("wheel")
     dist = base / "dist"
+    # A build that stopped half-way leaves setuptools' scratch .dist-info behind; the next build must not fail on it.
+    (ROOT / "build" / f"bdist.{sysconfig.get_platform()}" / "wheel" / "npudist-0.1.0.dist-info").mkdir(
+        parents=True, exist_ok=True)
     # --no-build-isolation: build against this environment's torch==2.13.0 (an isolated build would install
     # another copy of torch first); --no-deps: the wheel only, its dependencies are installed below.
     r = _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(dist), str(ROOT)],
