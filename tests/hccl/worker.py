@@ -6,7 +6,8 @@ input from its seed) and prints "SCENARIO OK" at the end.
 """
 import sys
 
-import scen_comm_hooks  # noqa: F401  (registers scenarios)
+import scen_capabilities  # noqa: F401  (registers scenarios)
+import scen_comm_hooks  # noqa: F401
 import scen_extras  # noqa: F401
 import scen_faults  # noqa: F401
 import scen_groups  # noqa: F401

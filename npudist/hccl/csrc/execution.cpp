@@ -126,6 +126,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   const uint64_t trace_id = recorder_->record(std::move(te));
   auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
   const auto& s = work->spec_;
+  if (coalescing_) coalesced_.push_back(work);
 
   int64_t cur_stream = 0;
   if (device >= 0) {

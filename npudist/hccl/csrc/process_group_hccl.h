@@ -66,7 +66,16 @@ class ProcessGroupHCCL : public c10d::Backend {
   const std::string getBackendName() const override { return "hccl"; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   bool supportsSplitting() const override { return true; }
-  bool supportsCoalescing() const override { return false; }
+  // capabilities.cpp: coalescing (ops between start and end complete as one Work), shrinking (a new group of
+  // the remaining ranks), tensors allocated for communication (npu memory, which the engine maps zero-copy).
+  bool supportsCoalescing() const override { return true; }
+  bool supportsShrinking() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts_override) override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options) override;
+  bool supportsTensorAlloc(c10::DeviceIndex device_index) override;
   void setTimeout(std::chrono::milliseconds timeout) override;
   void setSequenceNumberForGroup() override { seq_ = 0; }
   uint64_t getSequenceNumberForGroup() override { return seq_; }
@@ -192,6 +201,10 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   std::atomic<uint64_t> p2p_seq_{0};
   std::mutex issue_mu_;  // issue order == sequence order
+  // Coalescing (guarded by issue_mu_): the Works issued since startCoalescing, for endCoalescing.
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  uint64_t shrinks_ = 0;  // shrink() calls so far: names the store prefix of each shrunk group
   Lane coll_lane_;
   std::mutex p2p_mu_;
   std::map<std::pair<int, bool>, std::unique_ptr<Lane>> p2p_lanes_;
