@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 def _time_calls(fn, iters, sync):
     for _ in range(max(10, iters // 20)):
         fn()
+    sync()  # warm-up calls on npu tensors may still be queued on the stream
     start = time.perf_counter()
     for _ in range(iters):
         fn()
@@ -52,7 +53,8 @@ def _worker(rank, n, store_path, sizes, rounds, iters, queue):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 dist.barrier(group=hccl)
-                per[name].append(_time_calls(variants[name], iters, torch.npu.synchronize if name.endswith("npu") else (lambda: None)))
+                sync = torch.npu.synchronize if name.endswith("npu") else (lambda: None)
+                per[name].append(_time_calls(variants[name], iters, sync))
         results[size] = per
     queue.put((rank, results))
     dist.destroy_process_group()
