@@ -33,3 +33,12 @@ CALL_FORMS = {"npu_grouped_matmul_add_": matmul.grouped_matmul_add_,
               "npu_apply_rotary_pos_emb": rotary.npu_apply_rotary_pos_emb, "npu_apply_adam": optim.apply_adam}
 CALL_FORMS["npu_bert_apply_adam"] = bert_adam.bert_apply_adam
 CALL_FORMS["get_npu_format"] = format.get_npu_format
+from npudist.ops import conv, float_status, norm_ops, random_ops, tensor_ops  # noqa: F401, E402  (registration)
+OPS += ("npu_linear", "npu_max", "npu_min", "npu_slice", "npu_indexing", "npu_reshape", "npu_bmmV2",
+        "npu_transpose_batchmatmul", "npu_sort_v2", "one_", "copy_memory_", "fast_gelu", "npu_gather_sparse_index",
+        "npu_masked_fill_range", "npu_sign_bits_pack", "npu_sign_bits_unpack", "npu_scatter", "npu_scatter_nd_update",
+        "npu_scatter_nd_update_", "scatter_update", "scatter_update_", "npu_softmax_cross_entropy_with_logits",
+        "npu_apply_adam_w_out", "_npu_dropout", "npu_dropout_with_add_softmax", "npu_random_choice_with_mask",
+        "npu_sim_exponential_", "npu_top_k_top_p", "npu_group_norm_silu", "npu_group_norm_swish", "batch_norm_reduce",
+        "npu_normalize_batch", "npu_alloc_float_status", "npu_get_float_status", "npu_clear_float_status",
+        "npu_conv2d", "npu_conv3d", "npu_convolution", "npu_conv_transpose2d", "npu_convolution_transpose")

@@ -24,8 +24,8 @@ def test_torch_npu_top_level_reexports_the_npu_operators():
         assert callable(getattr(torch_npu, name)), name
         assert hasattr(torch.ops.npu, name), name
     assert torch_npu.npu_fusion_attention is torch.ops.npu.npu_fusion_attention
-    with pytest.raises(AttributeError, match="npu_sign_bits_pack is an Ascend operator"):
-        torch_npu.npu_sign_bits_pack  # noqa: B018
+    with pytest.raises(AttributeError, match="npu_lstm is an Ascend operator"):
+        torch_npu.npu_lstm  # noqa: B018
 
 
 # Names the libraries call on torch.npu (DeepSpeed, accelerate, transformers, LLaMA-Factory); see
