@@ -42,3 +42,9 @@ OPS += ("npu_linear", "npu_max", "npu_min", "npu_slice", "npu_indexing", "npu_re
         "npu_sim_exponential_", "npu_top_k_top_p", "npu_group_norm_silu", "npu_group_norm_swish", "batch_norm_reduce",
         "npu_normalize_batch", "npu_alloc_float_status", "npu_get_float_status", "npu_clear_float_status",
         "npu_conv2d", "npu_conv3d", "npu_convolution", "npu_conv_transpose2d", "npu_convolution_transpose")
+from npudist.ops import detection, nms, roi, rotated  # noqa: F401, E402  (registration)
+OPS += ("npu_iou", "npu_ptiou", "npu_giou", "npu_diou", "npu_ciou", "npu_bounding_box_encode",
+        "npu_bounding_box_decode", "npu_yolo_boxes_encode", "npu_anchor_response_flags", "npu_grid_assign_positive",
+        "npu_nms_v4", "npu_nms_with_mask", "npu_batch_nms", "npu_roi_align", "npu_ps_roi_pooling",
+        "npu_rotated_box_encode", "npu_rotated_box_decode", "npu_rotated_overlaps", "npu_rotated_iou",
+        "npu_nms_rotated")
