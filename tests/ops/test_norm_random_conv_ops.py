@@ -241,4 +241,5 @@ def test_random_ops_opcheck():
     torch.library.opcheck(ops._npu_dropout, (x, 0.0), test_utils=OPCHECK)
     torch.library.opcheck(ops.npu_dropout_with_add_softmax, (x, torch.randn(3, 5, device=NPU), 0.5, 0.0, -1),
                           test_utils=OPCHECK)
-    torch.library.opcheck(ops.npu_random_choice_with_mask, (x > 0, 4, 7, 1), test_utils=OPCHECK)
+    for count in (4, 0):  # fixed, then data-dependent row count
+        torch.library.opcheck(ops.npu_random_choice_with_mask, (x > 0, count, 7, 1), test_utils=OPCHECK)
