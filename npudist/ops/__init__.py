@@ -48,3 +48,4 @@ OPS += ("npu_iou", "npu_ptiou", "npu_giou", "npu_diou", "npu_ciou", "npu_boundin
         "npu_nms_v4", "npu_nms_with_mask", "npu_batch_nms", "npu_roi_align", "npu_ps_roi_pooling",
         "npu_rotated_box_encode", "npu_rotated_box_decode", "npu_rotated_overlaps", "npu_rotated_iou",
         "npu_nms_rotated")
+OPS += ("npu_stride_add",)

@@ -22,6 +22,10 @@ fake tensors, torch.compile and DTensor see the aten ops they decompose into).
   input.shape[1:]``.
 * ``npu_masked_fill_range(self, start, end, value, axis=-1)``: for mask ``m`` and row ``n``,
   positions ``start[m, n] <= i < end[m, n]`` along ``axis`` of row ``n`` become ``value[m]`` (later masks win).
+* ``npu_stride_add(x1, x2, offset1, offset2, c1_len)``: Ascend's 5HD format splits the channel dim 1 into C1
+  blocks of C0 = 16 channels (32 for 1-byte dtypes; the last block zero padded); the sum of the ``c1_len`` blocks
+  of ``x1`` from block ``offset1`` and of ``x2`` from block ``offset2``, as ``c1_len * C0`` channels (the
+  documented example: a 1-channel input gives 16 channels, the padding ones 0).
 * ``npu_sign_bits_pack(self, size)`` / ``npu_sign_bits_unpack(input, size, dtype)``: 1-bit Adam's packing; bit
   ``j`` (little-endian) of byte ``i`` is ``x[8 i + j] >= 0``; the input is padded with -1 to a multiple of 8;
   unpacking gives +1 / -1. Both return ``size`` rows.
@@ -220,6 +224,24 @@ def npu_masked_fill_range(self, start, end, value, axis=-1):
     return out.reshape(shape).movedim(-1, axis).contiguous()
 
 
+def _c1_blocks(op, name, t, offset, c1_len, c0):
+    if t.dim() < 2:
+        _fail(op, f"{name} must have a channel dim 1, got {t.dim()}-D")
+    c1 = (t.shape[1] + c0 - 1) // c0
+    if offset < 0 or c1_len <= 0 or offset + c1_len > c1:
+        _fail(op, f"{name}: blocks [{offset}, {offset + c1_len}) exceed its {c1} channel blocks of {c0}")
+    padded = torch.nn.functional.pad(t.movedim(1, -1), (0, c1 * c0 - t.shape[1])).movedim(-1, 1)
+    return padded.narrow(1, offset * c0, c1_len * c0)
+
+
+def npu_stride_add(self, other, offset1, offset2, c1_len):
+    c0 = 32 if self.element_size() == 1 else 16
+    offset1, offset2, c1_len = int(offset1), int(offset2), int(c1_len)
+    a = _c1_blocks("npu_stride_add", "x1", self, offset1, c1_len, c0)
+    b = _c1_blocks("npu_stride_add", "x2", other, offset2, c1_len, c0)
+    return a + b
+
+
 # ---- 1-bit Adam sign packing ------------------------------------------------------------------------------
 _BIT = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -356,6 +378,8 @@ for _name, _args, _ret, _fn, _with_out in (
         ("npu_gather_sparse_index", "(Tensor input, Tensor index)", "Tensor", npu_gather_sparse_index, False),
         ("npu_masked_fill_range", "(Tensor self, Tensor start, Tensor end, Tensor value, int axis=-1)", "Tensor",
          npu_masked_fill_range, False),
+        ("npu_stride_add", "(Tensor self, Tensor other, Scalar offset1, Scalar offset2, Scalar c1_len)", "Tensor",
+         npu_stride_add, False),
         ("npu_sign_bits_pack", "(Tensor self, int size)", "Tensor", npu_sign_bits_pack, False),
         ("npu_sign_bits_unpack", "(Tensor input, int size, ScalarType dtype)", "Tensor", npu_sign_bits_unpack, False),
         ("npu_scatter", "(Tensor self, Tensor indices, Tensor updates, int dim)", "Tensor", npu_scatter, False),

@@ -170,6 +170,21 @@ def test_masked_fill_range_example_and_later_masks_win():
     torch.testing.assert_close(out.cpu(), ref)
 
 
+def test_stride_add_adds_channel_blocks_of_16():
+    a = torch.tensor([[[[[1.0]]]]])
+    out = torch_npu.npu_stride_add(a.to(NPU), a.to(NPU), 0, 0, 1)  # the documented example
+    assert out.shape == (1, 16, 1, 1, 1) and out.cpu().flatten().tolist() == [2.0] + [0.0] * 15
+    x1, x2 = torch.randn(2, 40, 3, dtype=torch.float64), torch.randn(2, 20, 3, dtype=torch.float64)
+    n1, n2, r1, r2 = leaf(x1), leaf(x2), ref_leaf(x1), ref_leaf(x2)
+    out = torch_npu.npu_stride_add(n1, n2, 1, 0, 2)  # x1 blocks 1-2 (channels 16..47) + x2 blocks 0-1 (0..31)
+    z1, z2 = torch.zeros(2, 8, 3, dtype=torch.float64), torch.zeros(2, 12, 3, dtype=torch.float64)
+    ref = torch.cat((r1[:, 16:40], z1), 1) + torch.cat((r2, z2), 1)
+    _check_grad(out, ref, (n1, n2), (r1, r2))
+    torch.testing.assert_close(out.detach().cpu(), ref.detach())
+    with pytest.raises(ValueError, match="channel blocks"):
+        torch_npu.npu_stride_add(n1, n2, 2, 0, 2)
+
+
 def test_sign_bits_pack_unpack_examples():
     a = torch.tensor([5, 4, 3, 2, 0, -1, -2, 4, 3, 2, 1, 0, -1, -2], dtype=torch.float32)
     packed = torch_npu.npu_sign_bits_pack(a.to(NPU), 2)
