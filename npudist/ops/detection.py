@@ -114,7 +114,8 @@ def npu_giou(self, gtboxes, trans=False, is_cross=False, mode=0):
 
 def _diou(op, boxes, gtboxes, trans, is_cross, mode):
     b, g, iou, _, (ex1, ey1, ex2, ey2) = _pairs(op, boxes, gtboxes, trans, is_cross, mode)
-    rho2 = ((b[..., 0] + b[..., 2] - g[..., 0] - g[..., 2]) ** 2 + (b[..., 1] + b[..., 3] - g[..., 1] - g[..., 3]) ** 2) / 4
+    rho2 = ((b[..., 0] + b[..., 2] - g[..., 0] - g[..., 2]) ** 2
+            + (b[..., 1] + b[..., 3] - g[..., 1] - g[..., 3]) ** 2) / 4  # centres' squared distance
     c2 = (ex2 - ex1) ** 2 + (ey2 - ey1) ** 2
     return b, g, iou, iou - rho2 / c2
 

@@ -69,7 +69,8 @@ def _keep(like, p):
 
 
 # ---- _npu_dropout ---------------------------------------------------------------------------------------------
-@custom_op("npu::_npu_dropout", mutates_args=(), device_types="npu", schema="(Tensor self, float p) -> (Tensor, Tensor)")
+@custom_op("npu::_npu_dropout", mutates_args=(), device_types="npu",
+           schema="(Tensor self, float p) -> (Tensor, Tensor)")
 def _npu_dropout(x, p):
     _check_p("_npu_dropout", p)
     keep = _keep(x, p)

@@ -3,7 +3,6 @@ examples where they print values, plain loops or numpy otherwise)."""
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import torch_npu
 
