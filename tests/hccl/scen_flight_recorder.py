@@ -91,4 +91,15 @@ def fr_dump_formats():
     status = doc["pg_status"][str(ar["pg_id"])]
     assert status == {"last_enqueued_collective": 4, "last_started_collective": 4,
                       "last_completed_collective": 4}, status
+    # Every other op kind, for fr_trace to match across ranks (it rejects names outside NCCL's vocabulary).
+    x = torch.ones(2 * WS)
+    dist.broadcast(x, 0)
+    dist.reduce(x, 0)
+    dist.all_to_all_single(torch.empty(2 * WS), x)
+    dist.all_to_all([torch.empty(2) for _ in range(WS)], list(x.chunk(WS)))
+    dist.gather(torch.ones(2), [torch.empty(2) for _ in range(WS)] if RANK == 0 else None, dst=0)
+    dist.scatter(torch.empty(2), list(x.chunk(WS)) if RANK == 0 else None, src=0)
+    dist.reduce_scatter(torch.empty(2), list(x.chunk(WS)))
+    dist.barrier()
+    hccl.dump_flight_recorder_to_file()
     dist.destroy_process_group()

@@ -26,9 +26,9 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess:
     return out
 
 
-def fr_trace(dump_dir) -> str:
+def fr_trace(dump_dir, *options: str) -> str:
     """PyTorch's analyzer; it logs its findings to stderr."""
-    out = _run("torch.distributed.flight_recorder.fr_trace", str(dump_dir))
+    out = _run("torch.distributed.flight_recorder.fr_trace", str(dump_dir), *options)
     return out.stdout + out.stderr
 
 
@@ -87,8 +87,15 @@ def test_mismatch_both_analyzers_name_the_rank_and_collective(tmp_path, kind, cu
     assert theirs.count("has errors") == 1, theirs  # seq 1..3 matched
 
 
-def test_dump_has_pytorchs_keys_and_names():
-    run_ranks("fr_dump_formats", 2, timeout=60)
+def test_dump_has_pytorchs_keys_and_names(tmp_path):
+    """Every op kind, two groups, p2p: fr_trace matches all of it and finds nothing wrong."""
+    run_ranks("fr_dump_formats", 2, timeout=60, env={"TORCH_HCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_")})
+    theirs = fr_trace(tmp_path, "--verbose")  # also prints the collectives it matched
+    for problem in ("has errors", "Not all ranks joining", "Error type", "cannot decide", "pass_check=False"):
+        assert problem not in theirs, theirs
+    # 4 + 8 collectives of the world group, the send/recv pair, the other group's all_reduce
+    assert theirs.count("pass_check=True") == 14, theirs
+    assert "no mismatched collective" in npudist_trace(tmp_path)
 
 
 def _entry(seq, name, sizes, state="completed", **extra):

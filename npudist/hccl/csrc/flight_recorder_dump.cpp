@@ -195,10 +195,13 @@ TraceEntry make_trace_entry(const OpSpec& s, uint64_t collective_seq, uint64_t p
       add_tensors(s.inputs, e.input_sizes, e.input_dtypes);
       add_tensors(s.outputs, e.output_sizes, e.output_dtypes);
   }
-  e.thread_name = c10::getThreadName();
-  std::ostringstream tid;
-  tid << std::this_thread::get_id();
-  e.thread_id = tid.str();
+  e.thread_name = c10::getThreadName();  // may be renamed at any time; the id is fixed
+  static thread_local const std::string thread_id = [] {
+    std::ostringstream o;
+    o << std::this_thread::get_id();
+    return o.str();
+  }();
+  e.thread_id = thread_id;
   return e;
 }
 
