@@ -7,6 +7,7 @@ dump their flight recorder, and each rank exports the profiler trace of the fail
     mkdir -p /tmp/hang && TORCH_HCCL_DUMP_ON_TIMEOUT=1 TORCH_HCCL_DEBUG_INFO_TEMP_FILE=/tmp/hang/fr_ \\
         TORCH_HCCL_ASYNC_ERROR_HANDLING=0 npurun --nproc 2 examples/hang_stalled_rank.py --out /tmp/hang
     python -m npudist.hccl.trace /tmp/hang
+    python -m torch.distributed.flight_recorder.fr_trace /tmp/hang     # PyTorch's analyzer reads the same dumps
 """
 import argparse
 import os

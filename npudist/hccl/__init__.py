@@ -119,14 +119,16 @@ def monitored_barrier(group=None, timeout: _dt.timedelta | None = None, wait_all
     pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
-def dump_flight_recorder(reason: str = "on demand") -> str:
-    """This process's flight-recorder trace of every live hccl group, as a JSON string."""
+def dump_flight_recorder(reason: str = "on demand") -> bytes:
+    """This process's flight recorder (every hccl group), pickled in PyTorch's dump format, as
+    ``torch._C._distributed_c10d._dump_nccl_trace()`` returns NCCL's: ``pickle.loads`` gives the dict."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return _C._dump_trace_json(rank, reason)
+    return _C._dump_trace(rank, reason)
 
 
 def dump_flight_recorder_to_file(reason: str = "on demand") -> str:
-    """Write the trace to ``$TORCH_HCCL_DEBUG_INFO_TEMP_FILE<rank>`` (default /tmp/hccl_trace_rank_<rank>)."""
+    """Write the dump to ``$TORCH_HCCL_DEBUG_INFO_TEMP_FILE<rank>`` (default /tmp/hccl_trace_rank_<rank>), where
+    ``python -m torch.distributed.flight_recorder.fr_trace`` and ``python -m npudist.hccl.trace`` read it."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     path = _C._dump_trace_file(rank, reason)
     if not path:

@@ -193,8 +193,9 @@ def bad_input():
 
 @scenario
 def trace_on_demand():
-    """dump_flight_recorder(): JSON of every group; the ring keeps the last TORCH_HCCL_TRACE_BUFFER_SIZE ops."""
-    import json
+    """dump_flight_recorder(): PyTorch's dump of every group; the ring keeps the last
+    TORCH_HCCL_TRACE_BUFFER_SIZE ops of the process."""
+    import pickle
 
     import npudist.hccl as hccl
 
@@ -203,17 +204,18 @@ def trace_on_demand():
     for _ in range(20):
         dist.all_reduce(t)
     dist.broadcast(t, 0)
-    doc = json.loads(hccl.dump_flight_recorder())
-    assert doc["global_rank"] == RANK and len(doc["groups"]) >= 1
-    world = [g for g in doc["groups"] if g["size"] == WS and g["entries"]][0]
-    entries = world["entries"]
+    doc = pickle.loads(hccl.dump_flight_recorder())
+    assert doc["hccl_rank"] == RANK and doc["pg_config"], doc
+    entries = doc["entries"]
     assert len(entries) == int(os.environ["TORCH_HCCL_TRACE_BUFFER_SIZE"]), len(entries)
     last = entries[-1]
-    assert last["op"] == "broadcast" and last["seq"] == 21 and last["state"] == "completed", last
-    assert [e["seq"] for e in entries] == list(range(22 - len(entries), 22))
-    assert world["last_completed_seq"] == 21
+    assert last["profiling_name"] == "hccl:broadcast" and last["collective_seq_id"] == 21, last
+    assert last["state"] == "completed", last
+    assert [e["collective_seq_id"] for e in entries] == list(range(22 - len(entries), 22))
+    assert doc["pg_status"][str(last["pg_id"])]["last_completed_collective"] == 21
     path = hccl.dump_flight_recorder_to_file()
-    assert path.endswith(f"trace_{RANK}") and json.load(open(path))["groups"], path
+    with open(path, "rb") as f:
+        assert path.endswith(f"trace_{RANK}") and pickle.load(f)["entries"], path
     dist.destroy_process_group()
 
 

@@ -10,6 +10,7 @@ import scen_capabilities  # noqa: F401  (registers scenarios)
 import scen_comm_hooks  # noqa: F401
 import scen_extras  # noqa: F401
 import scen_faults  # noqa: F401
+import scen_flight_recorder  # noqa: F401
 import scen_groups  # noqa: F401
 import scen_ops  # noqa: F401
 import scen_soak  # noqa: F401

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "flight_recorder_dump.h"
 #include "internal.h"
 #include "npudist/runtime_c_api.h"
 #include "process_group_hccl.h"
@@ -114,7 +115,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("buffer_bytes", &ProcessGroupHCCL::buffer_bytes)
       .def_property_readonly("uses_gloo", [](ProcessGroupHCCL& p) { return p.communicator_kind() != "shm"; })
       .def_property_readonly("communicator", &ProcessGroupHCCL::communicator_kind)
-      .def("_trace_json", [](ProcessGroupHCCL& p) { return p.recorder()->to_json(); })
       // torch calls this on ranks outside a new_group when the default group has a bound device
       // (NCCL must then join ncclCommSplit). hccl communicators involve only the members: no-op.
       .def("perform_nocolor_split", [](ProcessGroupHCCL&, const c10::Device&) {})
@@ -127,9 +127,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   def_table_setter<NpudistProfilerApi>(m, "_set_profiler_api", "_profiler_api", NPUDIST_PROFILER_API_CAPSULE,
                                        &profiling::set_api, "Install npudist._C's device profiler table.");
   m.def(
-      "_dump_trace_json", [](int global_rank, const std::string& reason) { return dump_all_json(global_rank, reason); },
-      py::arg("global_rank"), py::arg("reason") = "on demand");
+      "_dump_trace",
+      [](int global_rank, const std::string& reason) { return py::bytes(dump_pickle(global_rank, reason)); },
+      py::arg("global_rank"), py::arg("reason") = "on demand",
+      "The flight recorder of every hccl group of this process, pickled in PyTorch's dump format.");
   m.def(
-      "_dump_trace_file", [](int global_rank, const std::string& reason) { return dump_all_to_file(global_rank, reason); },
+      "_dump_trace_file", [](int global_rank, const std::string& reason) { return dump_to_file(global_rank, reason); },
       py::arg("global_rank"), py::arg("reason") = "on demand");
 }

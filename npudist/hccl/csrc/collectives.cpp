@@ -4,7 +4,6 @@
 #include <c10/util/Exception.h>
 
 #include <numeric>
-#include <sstream>
 
 #include "op_utils.h"
 #include "process_group_hccl.h"
@@ -30,26 +29,6 @@ comm::ElementType element_type_of(at::ScalarType t, const char* op) {
                         " is not supported; use float32/64, float16, bfloat16, int8/16/32/64, uint8, "
                         "bool or complex64/128");
   }
-}
-
-namespace {
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream o;
-  o << t.sizes();
-  return o.str();
-}
-
-}  // namespace
-
-std::string describe_shapes(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out) {
-  std::ostringstream o;
-  o << "in=[";
-  for (size_t i = 0; i < in.size(); ++i) o << (i ? "," : "") << shape_of(in[i]);
-  o << "] out=[";
-  for (size_t i = 0; i < out.size(); ++i) o << (i ? "," : "") << shape_of(out[i]);
-  o << "]";
-  return o.str();
 }
 
 void ProcessGroupHCCL::check_tensor(const at::Tensor& t, const char* op, const char* what) {

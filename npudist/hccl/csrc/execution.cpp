@@ -114,16 +114,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   }
   std::lock_guard<std::mutex> issue(issue_mu_);
   const uint64_t seq = spec.p2p ? ++p2p_seq_ : ++seq_;
-  TraceEntry te;
-  te.seq = seq;
-  te.p2p = spec.p2p;
-  te.peer = spec.peer;
-  te.op = spec.name;
-  te.dtype = spec.dtype;
-  te.reduce_op = spec.reduce_op;
-  te.shapes = spec.shapes;
-  te.root = spec.root;
-  const uint64_t trace_id = recorder_->record(std::move(te));
+  const uint64_t trace_id = FlightRecorder::get().record(
+      trace_pg_id_, options_->group_name, getGroupDesc().empty() ? options_->group_desc : getGroupDesc(),
+      make_trace_entry(spec, seq_, p2p_seq_, timeout_.count()));
   auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
   const auto& s = work->spec_;
   if (coalescing_) coalesced_.push_back(work);
@@ -204,7 +197,7 @@ Lane& ProcessGroupHCCL::p2p_lane(int peer, bool is_send) {
 void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
   profiling::CollectiveScope collective_event(*work);
   work->started_ = std::chrono::steady_clock::now();
-  recorder_->mark_started(work->trace_id_);
+  FlightRecorder::get().mark_started(work->trace_id_, trace_pg_id_, work->spec_.p2p ? 0 : work->seq_);
   std::exception_ptr err;
   try {
     if (aborted_) {
@@ -482,7 +475,7 @@ void WorkHCCL::complete(std::exception_ptr error) {
   } else if (!future_claimed_) {
     post_completion([w = c10::intrusive_ptr<WorkHCCL>::reclaim_copy(this)] { w->finish_future(); });
   }
-  pg_->recorder_->mark_done(trace_id_, msg);
+  FlightRecorder::get().mark_done(trace_id_, pg_->trace_pg_id_, spec_.p2p ? 0 : seq_, msg);
   pg_->on_work_done(this);
 }
 

@@ -1,64 +1,83 @@
-// Flight recorder: a ring buffer of the last N operations of each process group (TORCH_HCCL_TRACE_BUFFER_SIZE),
-// dumped as JSON on timeout (TORCH_HCCL_DUMP_ON_TIMEOUT=1) or on demand, so `python -m npudist.hccl.trace`
-// can line the ranks up and tell who is behind. Torch-free.
+// Flight recorder: one process-wide ring buffer of the last TORCH_HCCL_TRACE_BUFFER_SIZE ops of every hccl
+// group, as PyTorch keeps one per backend (FlightRecorder<EventType>), plus each group's configuration and
+// status. flight_recorder_dump.cpp writes it in PyTorch's dump format, which both
+// `python -m torch.distributed.flight_recorder.fr_trace` and `python -m npudist.hccl.trace` read.
+// Torch-free: the adapter fills the entries from its tensors.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace npudist::hccl {
 
+enum class TraceState { kScheduled, kStarted, kCompleted, kFailed };
+
 struct TraceEntry {
-  uint64_t id = 0;          // position in this recorder (monotonic)
-  uint64_t seq = 0;         // collective sequence number (p2p ops: their own counter)
+  uint64_t record_id = 0;          // process-wide position in the recorder (from 0, monotonic)
+  uint64_t pg_id = 0;              // the group (FlightRecorder::add_group)
+  uint64_t collective_seq_id = 0;  // the group's collective count, this op included when it is one
+  uint64_t p2p_seq_id = 0;         // the group's p2p count, this op included when it is one
+  uint64_t op_id = 0;              // every op of the group, collective or p2p
   bool p2p = false;
-  int peer = -1;            // p2p peer (group rank)
-  std::string op;           // "all_reduce", "send", ...
-  std::string dtype;
-  std::string reduce_op;    // empty when not a reduction
-  std::string shapes;       // e.g. "in=[[4,8]] out=[[4,8]]"
+  bool is_send = false;
+  int peer = -1;                   // p2p peer (group rank)
+  std::string op;                  // the adapter's op name: "all_reduce", "all_gather_into_tensor", "send", ...
+  std::vector<std::vector<int64_t>> input_sizes, output_sizes;
+  std::vector<std::string> input_dtypes, output_dtypes;  // c10 names: "Float", "BFloat16", ...
+  std::string reduce_op;           // empty when not a reduction
   int root = -1;
-  std::string state = "scheduled";  // scheduled -> started -> completed | failed
-  int64_t t_issued_us = 0, t_started_us = 0, t_done_us = 0;  // wall clock, microseconds since epoch
+  std::string thread_name, thread_id;  // the issuing thread
+  int64_t timeout_ms = 0;
+  TraceState state = TraceState::kScheduled;
+  int64_t created_ns = 0, started_ns = 0, completed_ns = 0;  // wall clock since the epoch; 0: not yet
+  bool retired = false;            // completed or failed: no longer outstanding
   std::string error;
+};
+
+// A group as the recorder knows it; kept after the group is destroyed, like PyTorch's pg_config.
+struct GroupTrace {
+  uint64_t pg_id = 0;
+  std::string name, desc;
+  int rank = 0, size = 0;
+  std::vector<int64_t> global_ranks;
+  uint64_t ops = 0;  // ops recorded so far (the next op_id)
+  // Sequence numbers of the last collective enqueued / started / completed; -1: none yet.
+  int64_t last_enqueued = -1, last_started = -1, last_completed = -1;
 };
 
 class FlightRecorder {
  public:
-  FlightRecorder(std::string group_name, std::string group_desc, int rank, int size,
-                 std::vector<int64_t> global_ranks, size_t capacity);
+  // The process's recorder; its capacity is TORCH_HCCL_TRACE_BUFFER_SIZE when the first group is made.
+  static FlightRecorder& get();
 
-  // Returns the entry id (0 when recording is disabled).
-  uint64_t record(TraceEntry e);
-  void mark_started(uint64_t id);
-  void mark_done(uint64_t id, const std::string& error);
-  // The group's trace as a JSON object.
-  std::string to_json();
+  // Registers a group; returns its pg_id.
+  uint64_t add_group(std::string name, std::string desc, int rank, int size, std::vector<int64_t> global_ranks);
+  // Records `e` for group `pg_id`, whose name and description may have changed since add_group (torch sets
+  // the description after building the backend). Returns a handle for mark_*, 0 when recording is off.
+  uint64_t record(uint64_t pg_id, const std::string& name, const std::string& desc, TraceEntry e);
+  // seq: the collective's sequence number, 0 for a p2p op (group status counts collectives only).
+  void mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq);
+  void mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, const std::string& error);
+
+  struct Snapshot {
+    std::vector<GroupTrace> groups;
+    std::vector<TraceEntry> entries;  // oldest first
+  };
+  Snapshot snapshot();
   size_t capacity() const { return capacity_; }
-  const std::string& group_name() const { return group_name_; }
 
  private:
-  TraceEntry* find_locked(uint64_t id);
+  explicit FlightRecorder(size_t capacity);
+  TraceEntry* find_locked(uint64_t handle);
 
-  std::string group_name_, group_desc_;
-  int rank_, size_;
-  std::vector<int64_t> global_ranks_;
-  size_t capacity_;
+  const size_t capacity_;
   std::mutex mu_;
   std::vector<TraceEntry> ring_;
-  uint64_t next_id_ = 1;
-  uint64_t last_completed_seq_ = 0, last_started_seq_ = 0;
+  uint64_t next_record_ = 0;
+  std::vector<GroupTrace> groups_;  // index: pg_id
 };
 
-int64_t now_us();
-
-// Process-wide registry of recorders (one per live group).
-void register_recorder(const std::shared_ptr<FlightRecorder>& r);
-// JSON document with every live group's trace of this process.
-std::string dump_all_json(int global_rank, const std::string& reason);
-// Writes dump_all_json to `<TORCH_HCCL_DEBUG_INFO_TEMP_FILE><global_rank>`; returns the path ("" on error).
-std::string dump_all_to_file(int global_rank, const std::string& reason);
+int64_t now_ns();
 
 }  // namespace npudist::hccl

@@ -94,8 +94,7 @@ inline void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outs
   var.name = opname;                                         \
   var.inputs = ins;                                          \
   var.outputs = outs;                                        \
-  var.async = is_async;                                      \
-  var.shapes = describe_shapes(var.inputs, var.outputs)
+  var.async = is_async
 
 // barrier(timeout=...) through the group's store (extras.cpp): every rank posts its arrival for `seq` and
 // waits for the others up to `timeout`; on expiry raises DistBackendError naming the ranks missing.

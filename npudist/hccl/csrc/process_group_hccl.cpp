@@ -111,10 +111,8 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
   connect();
   std::vector<int64_t> granks(options_->global_ranks_in_group.begin(),
                               options_->global_ranks_in_group.end());
-  recorder_ = std::make_shared<FlightRecorder>(
-      options_->group_name, options_->group_desc, rank_, size_, granks,
-      static_cast<size_t>(std::max(0, env_int("TORCH_HCCL_TRACE_BUFFER_SIZE", 2000))));
-  register_recorder(recorder_);
+  trace_pg_id_ = FlightRecorder::get().add_group(options_->group_name, options_->group_desc, rank_, size_,
+                                                 std::move(granks));
   start_watchdog();
   init();
 }

@@ -47,7 +47,7 @@ struct OpSpec {
   c10d::OpType type = c10d::OpType::UNKNOWN;
   const char* name = "";
   std::vector<at::Tensor> inputs, outputs;  // kept alive until completion; outputs go to the future
-  std::string dtype, reduce_op, shapes;
+  std::string dtype, reduce_op;
   int root = -1;
   bool async = true;
   bool p2p = false;
@@ -143,7 +143,6 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::string comm_name() const { return comm_name_; }
   // Collectives of the intra-node communicator that ran zero-copy (npu tensors in shareable memory).
   uint64_t zero_copy_ops() const { return comm_ ? comm_->zero_copy_ops() : 0; }
-  std::shared_ptr<FlightRecorder> recorder() const { return recorder_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   size_t buffer_bytes() const { return buffer_bytes_; }
   // "shm", "gloo" or "hierarchical": the group's Communicator.
@@ -221,7 +220,7 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::map<int, int64_t> comm_streams_;
   int64_t comm_stream(int device);
 
-  std::shared_ptr<FlightRecorder> recorder_;
+  uint64_t trace_pg_id_ = 0;  // this group in the process's FlightRecorder
 
   // Outstanding work, observed by the watchdog.
   std::mutex works_mu_;
@@ -308,6 +307,8 @@ class WorkHCCL : public c10d::Work {
 // Mapping helpers shared by the translation units.
 // The seam's element type of a tensor dtype; a dtype hccl cannot move is a ValueError naming `op`.
 comm::ElementType element_type_of(at::ScalarType t, const char* op);
-std::string describe_shapes(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out);
+// The flight-recorder entry of an op, its tensors' sizes recorded as ProcessGroupNCCL records them
+// (flight_recorder_dump.cpp).
+TraceEntry make_trace_entry(const OpSpec& s, uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms);
 
 }  // namespace npudist::hccl

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "flight_recorder_dump.h"
 #include "internal.h"
 #include "process_group_hccl.h"
 
@@ -129,7 +130,7 @@ void ProcessGroupHCCL::watchdog_loop() {
 
 void ProcessGroupHCCL::dump_now(const std::string& reason) {
   dumped_ = true;
-  const std::string path = dump_all_to_file(global_rank_, reason);
+  const std::string path = dump_to_file(global_rank_, reason);
   if (!path.empty()) {
     fprintf(stderr, "[rank %d] hccl flight recorder dumped to %s\n", global_rank_, path.c_str());
   } else {
