@@ -46,7 +46,7 @@ if [ $with_tests = 1 ]; then
     # Lines marked "# no-deps" install without their declared dependencies (the file pins what they import).
     with_deps=$(mktemp); grep -v -E '#[[:space:]]*no-deps' requirements-test.txt > "$with_deps"
     nodeps=$(sed -n -E 's/^([^#[:space:]]+)[[:space:]]+#[[:space:]]*no-deps.*/\1/p' requirements-test.txt)
-    { pip_install pytest pytest-xdist pytest-timeout -r "$with_deps" \
+    { pip_install -r "$with_deps" \
         && { [ -z "$nodeps" ] || pip_install --no-deps $nodeps; }; } \
       || { say "FAILED: pip could not install requirements-test.txt (its ERROR lines are above)"; exit 1; }
     rm -f "$with_deps"

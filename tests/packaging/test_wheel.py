@@ -29,11 +29,26 @@ def _run(cmd, timeout, **kw):
 
 
 # Session scope: under pytest-xdist a module-scoped fixture is torn down and made again whenever the worker's
-# next test belongs to another file, and this one builds a wheel and a venv (about a minute).
+# next test belongs to another file, and this one builds a wheel and a venv (about a minute). The file lock makes
+# the build happen once per run even when this file's tests land on several workers (pytest -n without
+# --dist loadgroup): two builds in one checkout race on setuptools' build folders.
 @pytest.fixture(scope="session")
-def venv(tmp_path_factory):
-    base = tmp_path_factory.mktemp("wheel")
+def venv(tmp_path_factory, worker_id):
+    from filelock import FileLock
+
+    run_root = tmp_path_factory.getbasetemp()
+    run_root = run_root if worker_id == "master" else run_root.parent   # shared by the run's workers
+    base = run_root / "wheel"
+    with FileLock(str(run_root / "wheel.lock")):
+        if not (base / "ready").exists():
+            _build_wheel_venv(base)
+            (base / "ready").write_text("")
+    return base / "venv", next((base / "dist").glob("npudist-*.whl"))
+
+
+def _build_wheel_venv(base: Path) -> None:
     dist = base / "dist"
+    base.mkdir(exist_ok=True)
     # A build that stopped half-way leaves setuptools' scratch .dist-info behind; the next build must not fail on it.
     (ROOT / "build" / f"bdist.{sysconfig.get_platform()}" / "wheel" / "npudist-0.1.0.dist-info").mkdir(
         parents=True, exist_ok=True)
@@ -50,7 +65,6 @@ def venv(tmp_path_factory):
     # The wheel and its declared dependencies: torch==2.13.0 comes from the same index the checkout used.
     r = _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", str(wheels[0])], 900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return env_dir, wheels[0]
 
 
 def _clean_env() -> dict:
