@@ -3,7 +3,8 @@
 #include "launch.h"
 
 #include <ATen/Parallel.h>
-#include <c10/core/GradMode.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -159,12 +160,54 @@ void wait_half_drained(Window* w) {
   if (g_site.block_end) g_site.block_end(token);
 }
 
-// What a kernel needs from its launching thread. Grad mode and the local dispatch key set decide how the
-// ops inside a CPU kernel dispatch (below autograd, autocast excluded, as on the launcher); intra-op
-// threads come from ATen's setting, initialised once per worker.
+// The launching thread's state that decides how the ops inside a kernel dispatch and compute, captured once per
+// launch and installed on the worker for the kernel's run (the kernel's CPU ops then dispatch as they would have
+// on the launcher): the local dispatch key set (autocast and functionalization included/excluded as there),
+// AutogradState (grad mode, inference mode, forward AD, multithreading) and the autocast dtypes. Deterministic
+// algorithms are process-wide (at::Context), so the worker sees them already.
+// Why not at::ThreadLocalState, as PyTorch's autograd engine carries to its workers: it also copies Python
+// objects (torch-function and dispatch-mode stacks, saved-tensor hooks, as npudist's activation swap uses);
+// copying or dropping one takes the GIL, and a worker waiting for the GIL while the launching thread holds it
+// and waits for the worker (synchronize, a full launch window) deadlocks. The kernel's CPU ops never reach
+// Python (worker_keys), so nothing Python-side is needed on the worker.
+struct LaunchState {
+  LaunchState()
+      : keys(worker_keys()),
+        autograd(c10::AutogradState::get_tls_state()),
+        cpu_autocast(at::autocast::get_autocast_dtype(at::kCPU)),
+        npu_autocast(at::autocast::get_autocast_dtype(at::kPrivateUse1)) {}
+  c10::impl::LocalDispatchKeySet keys;
+  c10::AutogradState autograd;
+  at::ScalarType cpu_autocast;
+  at::ScalarType npu_autocast;
+};
+
+// Installs a LaunchState on the worker for one kernel and restores the worker's own afterwards.
+class LaunchStateGuard {
+ public:
+  explicit LaunchStateGuard(const LaunchState& s) {
+    c10::impl::_force_tls_local_dispatch_key_set(s.keys);
+    c10::AutogradState::set_tls_state(s.autograd);
+    at::autocast::set_autocast_dtype(at::kCPU, s.cpu_autocast);
+    at::autocast::set_autocast_dtype(at::kPrivateUse1, s.npu_autocast);
+  }
+  ~LaunchStateGuard() {
+    c10::impl::_force_tls_local_dispatch_key_set(prev_.keys);
+    c10::AutogradState::set_tls_state(prev_.autograd);
+    at::autocast::set_autocast_dtype(at::kCPU, prev_.cpu_autocast);
+    at::autocast::set_autocast_dtype(at::kPrivateUse1, prev_.npu_autocast);
+  }
+  LaunchStateGuard(const LaunchStateGuard&) = delete;
+  LaunchStateGuard& operator=(const LaunchStateGuard&) = delete;
+
+ private:
+  const LaunchState prev_;
+};
+
+// What a kernel needs from its launching thread: the kernel and the state it runs under (LaunchState);
+// intra-op threads come from ATen's setting, initialised once per worker.
 struct Task {
-  Task(std::function<void()> k, const char* o)
-      : kernel(std::move(k)), op(o), keys(worker_keys()), grad_enabled(c10::GradMode::is_enabled()) {}
+  Task(std::function<void()> k, const char* o) : kernel(std::move(k)), op(o) {}
   ~Task() {
     if (site && g_site.release) g_site.release(site);
   }
@@ -173,8 +216,7 @@ struct Task {
   void* site = nullptr;  // launch-site token (SiteHooks)
   Window* window = nullptr;
   LaunchCost cost;
-  c10::impl::LocalDispatchKeySet keys;
-  bool grad_enabled;
+  LaunchState state;
 };
 
 // Kernels that ran, waiting for a launching thread to destroy them (release_finished). Why not destroy them
@@ -243,8 +285,7 @@ void run_task(void* arg) {
     threads_initialised = true;
   }
   try {
-    c10::impl::_force_tls_local_dispatch_key_set(t->keys);
-    c10::AutoGradMode grad(t->grad_enabled);
+    LaunchStateGuard state(t->state);
     t->kernel();
   } catch (const std::exception& e) {
     record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), e.what());

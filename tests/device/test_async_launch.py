@@ -39,6 +39,33 @@ def test_launch_returns_before_the_kernel_ran():
 
 
 @needs_async
+def test_queued_kernels_run_under_the_launchers_inference_mode():
+    """A queued kernel runs under the thread-local state it was launched with: inside torch.inference_mode() its
+    CPU ops may update inference tensors in place (on the worker without that state they raise "Inplace update to
+    inference tensor outside InferenceMode")."""
+    x = torch.randn(64, 64, device="npu")
+    expected_nan = torch.isnan(x.cpu())
+    with torch.inference_mode():
+        y = torch.zeros(64, 64, device="npu")
+        torch.npu.synchronize()
+        stream = torch.npu.current_stream()
+        with HostGate(0, stream.stream_id):
+            kernel_queue.reset_launch_counts()
+            flags = [torch.isnan(x) for _ in range(8)]
+            for _ in range(8):
+                y.add_(x)
+            assert kernel_queue.launch_counts()["queued"] > 0
+        torch.npu.synchronize()
+    assert all(torch.equal(f.cpu(), expected_nan) for f in flags)
+    assert torch.equal(y.cpu(), sum([x.cpu()] * 8, torch.zeros(64, 64)))
+    # the worker's own state is restored after the kernel: a queued kernel launched outside inference mode
+    # on an ordinary tensor still records autograd history as usual
+    w = torch.ones(4, device="npu", requires_grad=True)
+    (w * 2).sum().backward()
+    assert torch.equal(w.grad.cpu(), torch.full((4,), 2.0))
+
+
+@needs_async
 def test_sync_points_wait_for_queued_kernels():
     x = torch.arange(6, dtype=torch.float32, device="npu")
     (x * 3 + 1).sum()
