@@ -1,0 +1,9 @@
+"""torch_npu.contrib.module: torch_npu's model-zoo layers, with torch_npu 2.14.0's names, signatures and
+documented semantics."""
+from .drop_path import NpuDropPath
+from .layers import ChannelShuffle, Focus
+from .losses import LabelSmoothingCrossEntropy
+from .prefetcher import Prefetcher
+from .ps_roi_pooling import PSROIPool
+
+__all__ = ["ChannelShuffle", "Prefetcher", "LabelSmoothingCrossEntropy", "PSROIPool", "NpuDropPath", "Focus"]
