@@ -60,19 +60,29 @@ def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample
     if roi_end_mode not in (0, 1) or sample_num < 0 or pooled_height <= 0 or pooled_width <= 0:
         _fail(op, f"need roi_end_mode 0 or 1, sample_num >= 0 and positive pooled sizes, got {roi_end_mode}, "
                   f"{sample_num}, {pooled_height}x{pooled_width}")
+    return roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample_num,
+                     end=1.0 if roi_end_mode == 1 else 0.0, aligned=False)
+
+
+def roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample_num, end=0.0, aligned=False):
+    """RoIAlign of (N, C, H, W) features: ``aligned`` False is npu_roi_align's (RoIs at least 1 x 1, ``end`` added
+    to the RoI's far corner before scaling); True is Detectron2's aligned RoIAlign (torch_npu.contrib's ROIAlign
+    default): the scaled RoI shifted by -0.5 pixel, no minimum size, an empty RoI pooling to 0."""
     _, c, h, w = self.shape
     r = _up(rois)
-    end = 1.0 if roi_end_mode == 1 else 0.0
-    x0, y0 = r[:, 1] * spatial_scale, r[:, 2] * spatial_scale
-    rw = ((r[:, 3] + end) * spatial_scale - x0).clamp(min=1.0)
-    rh = ((r[:, 4] + end) * spatial_scale - y0).clamp(min=1.0)
+    shift = 0.5 if aligned else 0.0
+    x0, y0 = r[:, 1] * spatial_scale - shift, r[:, 2] * spatial_scale - shift
+    rw = (r[:, 3] + end) * spatial_scale - shift - x0
+    rh = (r[:, 4] + end) * spatial_scale - shift - y0
+    if not aligned:
+        rw, rh = rw.clamp(min=1.0), rh.clamp(min=1.0)
     if sample_num > 0:
         sy = sx = sample_num
         per_y = per_x = None
     else:  # adaptive: ceil(bin size) samples per side, a count per RoI
         per_y, per_x = torch.ceil(rh / pooled_height), torch.ceil(rw / pooled_width)
-        sy = int(per_y.max()) if rois.shape[0] else 1
-        sx = int(per_x.max()) if rois.shape[0] else 1
+        sy = max(int(per_y.max()), 1) if rois.shape[0] else 1   # aligned RoIs may be empty: no samples
+        sx = max(int(per_x.max()), 1) if rois.shape[0] else 1
     ys, vy = _axis_samples(y0, rh, pooled_height, sy, per_y)          # (K, PH*SY)
     xs, vx = _axis_samples(x0, rw, pooled_width, sx, per_x)           # (K, PW*SX)
     yl, yh, wyl, wyh = _corners(ys, h)
@@ -90,7 +100,7 @@ def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample
     mask = (vy[:, :, None] & vx[:, None, :]).to(val.dtype)[..., None]
     k = rois.shape[0]
     val = (val * mask).reshape(k, pooled_height, sy, pooled_width, sx, c).sum((2, 4))
-    count = mask.reshape(k, pooled_height, sy, pooled_width, sx, 1).sum((2, 4))
+    count = mask.reshape(k, pooled_height, sy, pooled_width, sx, 1).sum((2, 4)).clamp(min=1.0)   # empty: 0
     return (val / count).permute(0, 3, 1, 2).to(self.dtype)
 
 

@@ -11,7 +11,7 @@ from torch_npu.contrib import (ChannelShuffle, Focus, LabelSmoothingCrossEntropy
                                fuse_add_softmax_dropout, matmul_transpose, npu_batched_multiclass_nms,
                                npu_bbox_coder_decode_xywh2xyxy, npu_bbox_coder_encode_xyxy2xywh,
                                npu_bbox_coder_encode_yolo, npu_fast_condition_index_put, npu_multiclass_nms,
-                               npu_single_level_responsible_flags, roll)
+                               npu_single_level_responsible_flags, roll, ROIAlign)
 
 from ._common import NPU, leaf, ref_leaf
 
@@ -255,3 +255,66 @@ def test_prefetcher_yields_the_loaders_batches_on_npu():
         assert got_inp.device.type == "npu" and torch.equal(got_inp.cpu(), inp)
         assert torch.equal(got_target.cpu(), target)
     assert fetch.next() == (None, None)
+
+
+def _bilinear(f, y, x):
+    """torchvision's roi_align sampling of one (C, H, W) map at (y, x)."""
+    h, w = f.shape[1:]
+    if y < -1.0 or y > h or x < -1.0 or x > w:
+        return torch.zeros(f.shape[0], dtype=f.dtype)
+    y, x = max(y, 0.0), max(x, 0.0)
+    yl, xl = int(y), int(x)
+    if yl >= h - 1:
+        yl = yh = h - 1
+        y = float(yl)
+    else:
+        yh = yl + 1
+    if xl >= w - 1:
+        xl = xh = w - 1
+        x = float(xl)
+    else:
+        xh = xl + 1
+    ly, lx = y - yl, x - xl
+    return ((1 - ly) * (1 - lx) * f[:, yl, xl] + (1 - ly) * lx * f[:, yl, xh] + ly * (1 - lx) * f[:, yh, xl]
+            + ly * lx * f[:, yh, xh])
+
+
+def _roi_align_reference(feat, rois, scale, ph, pw, ratio, aligned):
+    out = []
+    for b, x1, y1, x2, y2 in rois.tolist():
+        off = 0.5 if aligned else 0.0
+        sx, sy = x1 * scale - off, y1 * scale - off
+        rw, rh = x2 * scale - off - sx, y2 * scale - off - sy
+        if not aligned:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        bh, bw = rh / ph, rw / pw
+        gh = ratio if ratio > 0 else math.ceil(rh / ph)
+        gw = ratio if ratio > 0 else math.ceil(rw / pw)
+        bins = []
+        for i in range(ph):
+            for j in range(pw):
+                acc = torch.zeros(feat.shape[1], dtype=feat.dtype)
+                for iy in range(max(gh, 0)):
+                    for ix in range(max(gw, 0)):
+                        acc = acc + _bilinear(feat[int(b)], sy + i * bh + (iy + 0.5) * bh / gh,
+                                              sx + j * bw + (ix + 0.5) * bw / gw)
+                bins.append(acc / max(gh * gw, 1))
+        out.append(torch.stack(bins, 1).reshape(feat.shape[1], ph, pw))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("ratio", [2, 0])
+def test_roi_align_module_is_detectron2s_roi_align(aligned, ratio):
+    torch.manual_seed(1)
+    feat = torch.randn(2, 3, 7, 8)
+    rois = torch.tensor([[0, 1.0, 2.0, 9.0, 11.0], [1, 0.0, 0.0, 15.0, 13.0], [0, 4.0, 4.0, 4.5, 5.0]])
+    nf = leaf(feat)
+    out = ROIAlign((2, 3), 0.5, ratio, aligned=aligned)(nf, rois.to(NPU))
+    rf = ref_leaf(feat)
+    ref = _roi_align_reference(rf, rois, 0.5, 2, 3, ratio, aligned)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(ref)
+    out.backward(g.to(NPU))
+    ref.backward(g)
+    torch.testing.assert_close(nf.grad.cpu(), rf.grad, rtol=1e-5, atol=1e-5)

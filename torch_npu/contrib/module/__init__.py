@@ -5,5 +5,7 @@ from .layers import ChannelShuffle, Focus
 from .losses import LabelSmoothingCrossEntropy
 from .prefetcher import Prefetcher
 from .ps_roi_pooling import PSROIPool
+from .roi_align import ROIAlign
 
-__all__ = ["ChannelShuffle", "Prefetcher", "LabelSmoothingCrossEntropy", "PSROIPool", "NpuDropPath", "Focus"]
+__all__ = ["ChannelShuffle", "Prefetcher", "LabelSmoothingCrossEntropy", "PSROIPool", "ROIAlign", "NpuDropPath",
+           "Focus"]
