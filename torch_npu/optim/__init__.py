@@ -2,14 +2,18 @@
 
 On Ascend the fused optimizers combine every parameter of a group into one flat buffer so that one kernel
 updates them all; the update itself is the named algorithm's. Here each is that torch optimizer (with
-``foreach`` updates, one multi-tensor kernel per step) under torch_npu's name, signature and defaults.
+``foreach`` updates, one multi-tensor kernel per step) under torch_npu's name, signature and defaults; the four
+whose algorithm PyTorch lacks (AdamP, BERT's Adam, LAMB, TensorFlow's RMSprop) are in ``algorithms``.
 """
 from __future__ import annotations
 
 import torch
 from torch.optim.optimizer import required
 
-__all__ = ["NpuFusedSGD", "NpuFusedAdadelta", "NpuFusedAdam", "NpuFusedAdamW", "NpuFusedRMSprop"]
+from .algorithms import NpuFusedAdamP, NpuFusedBertAdam, NpuFusedLamb, NpuFusedRMSpropTF
+
+__all__ = ["NpuFusedSGD", "NpuFusedAdadelta", "NpuFusedAdam", "NpuFusedAdamW", "NpuFusedRMSprop", "NpuFusedAdamP",
+           "NpuFusedBertAdam", "NpuFusedLamb", "NpuFusedRMSpropTF"]
 
 
 class NpuFusedSGD(torch.optim.SGD):
