@@ -1,5 +1,5 @@
 """torch_npu.optim's AdamP, BertAdam, LAMB and RMSpropTF on npu parameters against references written from the
-algorithms' definitions (float64 on cpu, one parameter at a time)."""
+algorithms' definitions (float64 on cpu, one parameter at a time); torch_npu.utils.save_async."""
 import math
 
 import pytest
@@ -160,3 +160,26 @@ def test_rmsprop_tf(momentum, centered, decoupled, lr_in_momentum):
             else:
                 p.sub_(0.01 * g / avg)
     _close(got, ps)
+
+
+def test_save_async_writes_the_values_of_the_call(tmp_path):
+    """torch_npu.utils.save_async: the file holds the tensors as they were at the call, although the caller
+    updates them in place right after; nested containers and non-tensor values are kept."""
+    import threading
+
+    from torch_npu.utils import save_async
+
+    w = torch.arange(6, dtype=torch.float32, device="npu").reshape(2, 3)
+    state = {"model": {"w": w, "b": torch.ones(3, device="npu")}, "step": 7, "extra": [torch.zeros(2)]}
+    path = tmp_path / "ckpt.pt"
+    save_async(state, str(path))
+    w.mul_(100)                                     # an optimizer step right after the call
+    for t in threading.enumerate():
+        if t.name == "torch_npu.save_async":
+            t.join(60)
+    loaded = torch.load(str(path))
+    assert torch.equal(loaded["model"]["w"], torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert torch.equal(loaded["model"]["b"], torch.ones(3)) and loaded["step"] == 7
+    assert loaded["model"]["w"].device.type == "cpu" and torch.equal(loaded["extra"][0], torch.zeros(2))
+    with pytest.raises(RuntimeError, match="_use_new_zipfile_serialization=False"):
+        save_async(state, str(path), _use_new_zipfile_serialization=False)
