@@ -49,3 +49,6 @@ OPS += ("npu_iou", "npu_ptiou", "npu_giou", "npu_diou", "npu_ciou", "npu_boundin
         "npu_rotated_box_encode", "npu_rotated_box_decode", "npu_rotated_overlaps", "npu_rotated_iou",
         "npu_nms_rotated")
 OPS += ("npu_stride_add",)
+from npudist.ops import quant  # noqa: F401, E402  (registration)
+OPS += ("npu_quantize", "npu_anti_quant", "npu_dynamic_quant", "npu_dynamic_quant_asymmetric", "npu_quant_matmul",
+        "npu_weight_quant_batchmatmul")
