@@ -52,3 +52,5 @@ OPS += ("npu_stride_add",)
 from npudist.ops import quant  # noqa: F401, E402  (registration)
 OPS += ("npu_quantize", "npu_anti_quant", "npu_dynamic_quant", "npu_dynamic_quant_asymmetric", "npu_quant_matmul",
         "npu_weight_quant_batchmatmul")
+from npudist.ops import rnn  # noqa: F401, E402  (registration)
+OPS += ("_lstm_npu", "_lstm_npu_backward")
