@@ -54,3 +54,5 @@ OPS += ("npu_quantize", "npu_anti_quant", "npu_dynamic_quant", "npu_dynamic_quan
         "npu_weight_quant_batchmatmul")
 from npudist.ops import rnn  # noqa: F401, E402  (registration)
 OPS += ("_lstm_npu", "_lstm_npu_backward")
+from npudist.ops import infer_attention  # noqa: F401, E402  (registration)
+OPS += ("npu_prompt_flash_attention", "npu_incre_flash_attention")
