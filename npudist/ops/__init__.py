@@ -55,6 +55,6 @@ OPS += ("npu_quantize", "npu_anti_quant", "npu_dynamic_quant", "npu_dynamic_quan
 from npudist.ops import rnn  # noqa: F401, E402  (registration)
 OPS += ("_lstm_npu", "_lstm_npu_backward")
 from npudist.ops import infer_attention  # noqa: F401, E402  (registration)
-OPS += ("npu_prompt_flash_attention", "npu_incre_flash_attention")
+OPS += ("npu_prompt_flash_attention", "npu_incre_flash_attention", "npu_fused_infer_attention_score")
 from npudist.ops import norm_quant  # noqa: F401, E402  (registration)
 OPS += ("npu_add_rms_norm_quant", "npu_add_rms_norm_dynamic_quant")

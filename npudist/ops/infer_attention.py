@@ -1,5 +1,6 @@
-"""torch_npu's inference attention operators, ``npu_prompt_flash_attention`` (full, "PFA") and
-``npu_incre_flash_attention`` (incremental decoding, "IFA"), as aten compositions of their documented formula
+"""torch_npu's inference attention operators, ``npu_prompt_flash_attention`` (full, "PFA"),
+``npu_incre_flash_attention`` (incremental decoding, "IFA") and ``npu_fused_infer_attention_score`` (both),
+as aten compositions of their documented formula
 ``atten_out = softmax(scale_value * Q K^T + pse_shift, masked) V`` (scores in float32, the output in query's dtype).
 
 Shared: layouts BSH, BSND, BNSD (PFA also BNSD_BSND: BNSD in, BSND out); grouped-query attention with
@@ -18,6 +19,13 @@ query row with every key masked gives 0. Each batch item is computed on its own 
   Page attention: with ``block_table`` (B, max blocks) and ``block_size``, ``key``/``value`` are the block pools
   (blocks, block_size, H) or (blocks, N_kv, block_size, D) and item ``b``'s keys are the first
   ``actual_seq_lengths[b]`` tokens of its blocks in table order.
+
+* ``npu_fused_infer_attention_score(...) -> (attention_out, softmax_lse)``: a query of one token (Q_S = 1) takes
+  IFA's branch (key lengths from ``actual_seq_lengths_kv``, ``block_table``, ``kv_padding_size``), any other PFA's
+  (``pre_tokens``/``next_tokens`` default to 2147483647 here); ``softmax_lse`` (``softmax_lse_flag``) is
+  ``log(sum(exp(s - max))) + max`` of each row's scaled, masked scores as (B, N, Q_S, 1) float32 (-inf for a row
+  with no key), else a (1,) zero. Also refused there: the key/value antiquant parameters, ``query_padding_size``,
+  the shared prefix, ``query_rope``/``key_rope`` (MLA), sparse mode 9 and the TND/NTD layouts.
 
 Refused (ValueError naming the argument): the int8 quantisation parameters (``deq_scale1``/``dequant_scale1``,
 ``quant_scale1``, ``deq_scale2``/``dequant_scale2``, ``quant_scale2``, ``quant_offset2``, ``antiquant_scale``,
@@ -65,7 +73,7 @@ def _heads(op, num_heads, num_key_value_heads):
 
 
 def _attend(q, k, v, scale, mask, pse):
-    """softmax(scale q k^T + pse, masked) v for q (1, N, sq, D), k/v (1, N_kv, skv, D); float32."""
+    """(softmax(scale q k^T + pse, masked) v, its log-sum-exp) for q (1, N, sq, D), k/v (1, N_kv, skv, D); float32."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1).float(), v.repeat_interleave(groups, 1).float()
     s = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
@@ -76,8 +84,9 @@ def _attend(q, k, v, scale, mask, pse):
     smax = s.amax(-1, keepdim=True)
     smax = torch.where(torch.isinf(smax), torch.zeros_like(smax), smax)  # fully masked rows: exp(-inf) = 0
     e = torch.exp(s - smax)
-    p = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.matmul(p, v)
+    total = e.sum(-1, keepdim=True)
+    p = e / total.clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.matmul(p, v), smax + torch.log(total)  # the lse of a fully masked row is log(0) = -inf
 
 
 def _lengths(op, name, lengths, batch, full):
@@ -111,6 +120,12 @@ def npu_prompt_flash_attention(query, key, value, *, padding_mask=None, atten_ma
     op = "npu_prompt_flash_attention"
     _refuse(op, padding_mask=padding_mask, deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
             quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    return _prompt(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
+                   scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode)[0]
+
+
+def _prompt(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
+            scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode):
     in_layout, out_layout = ("BNSD", "BSND") if input_layout == "BNSD_BSND" else (input_layout, input_layout)
     if in_layout not in _SHAPE_LAYOUTS:
         _fail(op, f"input_layout must be BSH, BSND, BNSD or BNSD_BSND (TND is not supported), got {input_layout!r}")
@@ -136,7 +151,7 @@ def npu_prompt_flash_attention(query, key, value, *, padding_mask=None, atten_ma
                                   or pse_shift.shape[1] != num_heads or pse_shift.shape[2] < sq
                                   or pse_shift.shape[3] < skv):
         _fail(op, f"pse_shift must be (B|1, {num_heads}, >={sq}, >={skv}), got {tuple(pse_shift.shape)}")
-    outs = []
+    outs, lses = [], []
     for b in range(batch):
         lq, lk = q_lens[b], kv_lens[b]
         mb = None
@@ -146,9 +161,10 @@ def npu_prompt_flash_attention(query, key, value, *, padding_mask=None, atten_ma
                 mb = mb[..., :lq, :lk]
             mb = _mask(mb, sparse_mode, pre_tokens, next_tokens, lq, lk, query.device)
         pb = None if pse_shift is None else pse_shift[b if pse_shift.shape[0] > 1 else 0][None, :, :lq, :lk]
-        o = _attend(q[b:b + 1, :, :lq], k[b:b + 1, :, :lk], v[b:b + 1, :, :lk], scale_value, mb, pb)
+        o, lse = _attend(q[b:b + 1, :, :lq], k[b:b + 1, :, :lk], v[b:b + 1, :, :lk], scale_value, mb, pb)
         outs.append(torch.nn.functional.pad(o, (0, 0, 0, sq - lq)))
-    return _out(torch.cat(outs), out_layout, query.dtype)
+        lses.append(torch.nn.functional.pad(lse, (0, 0, 0, sq - lq), value=float("-inf")))
+    return _out(torch.cat(outs), out_layout, query.dtype), torch.cat(lses)
 
 
 def _out(o, layout, dtype):
@@ -186,6 +202,12 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
     _refuse(op, padding_mask=padding_mask, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
             dequant_scale1=dequant_scale1, quant_scale1=quant_scale1, dequant_scale2=dequant_scale2,
             quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    return _incre(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size,
+                  num_heads, scale_value, input_layout, num_key_value_heads, block_size)[0]
+
+
+def _incre(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads,
+           scale_value, input_layout, num_key_value_heads, block_size):
     if input_layout not in _SHAPE_LAYOUTS:
         _fail(op, f"input_layout must be BSH, BSND or BNSD, got {input_layout!r}")
     kv_heads = _heads(op, num_heads, num_key_value_heads)
@@ -208,7 +230,7 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
             pads = [max(int(p), 0) for p in kv_padding_size.reshape(-1).tolist()]
             pads = pads * batch if len(pads) == 1 else pads
     mask = None if atten_mask is None else _mask4(op, atten_mask, {2: (1, 1), 3: (1,), 4: ()})
-    outs = []
+    outs, lses = [], []
     for b in range(batch):
         if block_table is not None:
             kb = _paged(op, key, block_table, b, lens[b], block_size, kv_heads)
@@ -218,12 +240,52 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
             lo = skv - pads[b] - lens[b] if kv_padding_size is not None and actual_seq_lengths is not None else 0
             if lo < 0:  # documented: a window starting before 0 gives zeros
                 outs.append(torch.zeros_like(q[b:b + 1], dtype=torch.float32))
+                lses.append(torch.full_like(q[b:b + 1, ..., :1], float("-inf"), dtype=torch.float32))
                 continue
             kb, vb = k[b:b + 1, :, lo:lo + lens[b]], v[b:b + 1, :, lo:lo + lens[b]]
         mb = None if mask is None else mask[b if mask.shape[0] > 1 else 0][None, ..., lo:lo + lens[b]]
         pb = None if pse_shift is None else pse_shift[b if pse_shift.shape[0] > 1 else 0][None, ..., lo:lo + lens[b]]
-        outs.append(_attend(q[b:b + 1], kb, vb, scale_value, mb, pb))
-    return _out(torch.cat(outs), input_layout, query.dtype)
+        o, lse = _attend(q[b:b + 1], kb, vb, scale_value, mb, pb)
+        outs.append(o)
+        lses.append(lse)
+    return _out(torch.cat(outs), input_layout, query.dtype), torch.cat(lses)
+
+
+def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+                                    actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None,
+                                    dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
+                                    antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+                                    value_antiquant_scale=None, value_antiquant_offset=None, block_table=None,
+                                    query_padding_size=None, kv_padding_size=None, key_shared_prefix=None,
+                                    value_shared_prefix=None, actual_shared_prefix_len=None, query_rope=None,
+                                    key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0,
+                                    pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH",
+                                    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
+                                    antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0,
+                                    softmax_lse_flag=False):
+    op = "npu_fused_infer_attention_score"
+    _refuse(op, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1, dequant_scale2=dequant_scale2,
+            quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
+            antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
+            key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
+            value_antiquant_offset=value_antiquant_offset, query_padding_size=query_padding_size,
+            key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
+            actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope, key_rope=key_rope,
+            key_rope_antiquant_scale=key_rope_antiquant_scale)
+    if input_layout not in ("BSH", "BSND", "BNSD", "BNSD_BSND"):
+        _fail(op, f"input_layout must be BSH, BSND, BNSD or BNSD_BSND (TND/NTD are not supported), "
+                  f"got {input_layout!r}")
+    q_seq = query.shape[1] if input_layout in ("BSH", "BSND") else query.shape[2]
+    if q_seq == 1 and input_layout != "BNSD_BSND":
+        # the incremental branch: the key lengths are actual_seq_lengths_kv, the band and sparse mode do not apply
+        out, lse = _incre(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths_kv, block_table,
+                          kv_padding_size, num_heads, scale, input_layout, num_key_value_heads, block_size)
+    else:
+        if block_table is not None or kv_padding_size is not None:
+            _fail(op, "block_table / kv_padding_size are supported for a query of one token (Q_S = 1) only")
+        out, lse = _prompt(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv,
+                           num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode)
+    return out, lse if softmax_lse_flag else query.new_zeros(1, dtype=torch.float32)
 
 
 _lib = torch.library.Library("npu", "FRAGMENT")
@@ -240,5 +302,18 @@ _lib.define("npu_incre_flash_attention(Tensor query, Tensor key, Tensor value, *
             "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? kv_padding_size=None, int num_heads=1, "
             "float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, "
             "int inner_precise=1) -> Tensor")
-for _fn in (npu_prompt_flash_attention, npu_incre_flash_attention):
+_lib.define("npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, "
+            "Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, "
+            "Tensor? dequant_scale1=None, Tensor? quant_scale1=None, Tensor? dequant_scale2=None, "
+            "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? antiquant_scale=None, "
+            "Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, "
+            "Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, Tensor? block_table=None, "
+            "Tensor? query_padding_size=None, Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, "
+            "Tensor? value_shared_prefix=None, SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, "
+            "Tensor? key_rope=None, Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+            "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+            "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+            "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
+            "bool softmax_lse_flag=False) -> (Tensor, Tensor)")
+for _fn in (npu_prompt_flash_attention, npu_incre_flash_attention, npu_fused_infer_attention_score):
     _lib.impl(_fn.__name__, _fn, "CompositeImplicitAutograd")

@@ -150,11 +150,63 @@ def test_incre_rejects():
         torch_npu.npu_incre_flash_attention(q, q, q, num_heads=4, num_key_value_heads=3)
 
 
+def _ref_lse(q, k, scale, allowed):
+    """log(sum(exp(s))) per (item, head, row) of the allowed scaled scores, -inf for none, as (B, N, Sq, 1)."""
+    bsz, heads, sq, _ = q.shape
+    groups = heads // k.shape[1]
+    out = torch.full((bsz, heads, sq, 1), float("-inf"))
+    for b in range(bsz):
+        for n in range(heads):
+            for i in range(sq):
+                s = [scale * float(q[b, n, i] @ k[b, n // groups, j]) for j in range(k.shape[2]) if allowed(b, n, i, j)]
+                if s:
+                    out[b, n, i, 0] = max(s) + math.log(sum(math.exp(x - max(s)) for x in s))
+    return out
+
+
+def test_fused_infer_prompt_branch_with_lse():
+    q, k, v = _rand(2, 4, 3, 8, seed=22), _rand(2, 2, 5, 8, seed=23), _rand(2, 2, 5, 8, seed=24)
+    compressed = torch.triu(torch.ones(2048, 2048), 1).bool()
+    out, lse = torch_npu.npu_fused_infer_attention_score(
+        q.to(NPU), k.to(NPU), v.to(NPU), atten_mask=compressed.to(NPU), actual_seq_lengths_kv=[5, 4], num_heads=4,
+        num_key_value_heads=2, scale=0.3, input_layout="BNSD_BSND", sparse_mode=3, softmax_lse_flag=True)
+    kv_lens = [5, 4]
+
+    def rule(b, n, i, j):  # bottom-right causal on each item's valid keys
+        return j < kv_lens[b] and j <= i + kv_lens[b] - 3
+
+    torch.testing.assert_close(out.cpu(), _ref(q, k, v, 0.3, rule).transpose(1, 2), **TOL)
+    torch.testing.assert_close(lse.cpu(), _ref_lse(q, k, 0.3, rule), **TOL)
+
+
+def test_fused_infer_incremental_branch():
+    q, k, v = _rand(2, 2, 1, 8, seed=25), _rand(2, 2, 6, 8, seed=26), _rand(2, 2, 6, 8, seed=27)
+    mask = torch.rand(2, 6, generator=torch.Generator().manual_seed(28)) > 0.6
+    mask[:, 0] = False
+    lens = [6, 3]
+
+    def rule(b, n, i, j):
+        return j < lens[b] and not mask[b, j]
+
+    out, lse = torch_npu.npu_fused_infer_attention_score(
+        _bsh(q).to(NPU), _bsh(k).to(NPU), _bsh(v).to(NPU), atten_mask=mask.to(NPU), actual_seq_lengths_kv=lens,
+        num_heads=2, scale=0.5, softmax_lse_flag=True)
+    torch.testing.assert_close(out.cpu(), _bsh(_ref(q, k, v, 0.5, rule)), **TOL)
+    torch.testing.assert_close(lse.cpu(), _ref_lse(q, k, 0.5, rule), **TOL)
+    _, none = torch_npu.npu_fused_infer_attention_score(_bsh(q).to(NPU), _bsh(k).to(NPU), _bsh(v).to(NPU),
+                                                        num_heads=2)
+    assert none.shape == (1,) and none.item() == 0
+    with pytest.raises(ValueError, match="npu_fused_infer_attention_score: query_rope"):
+        torch_npu.npu_fused_infer_attention_score(_bsh(q).to(NPU), _bsh(k).to(NPU), _bsh(v).to(NPU), num_heads=2,
+                                                  query_rope=_bsh(q).to(NPU))
+
+
 def test_infer_attention_compile():
     def fn(q, k, v, mask):
         a = ops.npu_prompt_flash_attention(q, k, v, atten_mask=mask, num_heads=2, scale_value=0.5, next_tokens=0)
         b = ops.npu_incre_flash_attention(q[:, :1], k, v, num_heads=2, scale_value=0.5, actual_seq_lengths=[3, 2])
-        return a, b
+        c, lse = ops.npu_fused_infer_attention_score(q, k, v, num_heads=2, scale=0.5, softmax_lse_flag=True)
+        return a, b, c, lse
 
     q, k = torch.randn(2, 3, 16).to(NPU), torch.randn(2, 4, 16).to(NPU)
     v, mask = torch.randn(2, 4, 16).to(NPU), torch.ones(3, 4, dtype=torch.bool).triu(1).to(NPU)
