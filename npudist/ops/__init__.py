@@ -49,3 +49,14 @@ OPS += ("npu_iou", "npu_ptiou", "npu_giou", "npu_diou", "npu_ciou", "npu_boundin
         "npu_rotated_box_encode", "npu_rotated_box_decode", "npu_rotated_overlaps", "npu_rotated_iou",
         "npu_nms_rotated")
 OPS += ("npu_stride_add",)
+from npudist.ops import quant  # noqa: F401, E402  (registration)
+OPS += ("npu_quantize", "npu_anti_quant", "npu_dynamic_quant", "npu_dynamic_quant_asymmetric", "npu_quant_matmul",
+        "npu_weight_quant_batchmatmul")
+from npudist.ops import rnn  # noqa: F401, E402  (registration)
+OPS += ("_lstm_npu", "_lstm_npu_backward")
+from npudist.ops import infer_attention  # noqa: F401, E402  (registration)
+OPS += ("npu_prompt_flash_attention", "npu_incre_flash_attention", "npu_fused_infer_attention_score")
+from npudist.ops import norm_quant  # noqa: F401, E402  (registration)
+OPS += ("npu_add_rms_norm_quant", "npu_add_rms_norm_dynamic_quant")
+from npudist.ops import kv_cache  # noqa: F401, E402  (registration)
+OPS += ("npu_scatter_pa_kv_cache",)
