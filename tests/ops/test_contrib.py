@@ -318,3 +318,49 @@ def test_roi_align_module_is_detectron2s_roi_align(aligned, ratio):
     out.backward(g.to(NPU))
     ref.backward(g)
     torch.testing.assert_close(nf.grad.cpu(), rf.grad, rtol=1e-5, atol=1e-5)
+
+
+def _int8(g, *shape):
+    return torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+
+
+def test_linear_quant_is_the_integer_product_scaled():
+    from torch_npu.contrib import LinearA8W8Quant, LinearQuant
+
+    g = torch.Generator().manual_seed(3)
+    x, w = _int8(g, 3, 16), _int8(g, 5, 16)
+    scale = torch.rand(5, generator=g) * 0.01
+    bias = torch.randint(-1000, 1000, (5,), generator=g, dtype=torch.int32)
+    acc = (x.long() @ w.long().T + bias.long()).double()            # exact, as the integer kernel accumulates
+    layer = LinearQuant(16, 5, output_dtype=torch.float16)
+    layer.weight.data, layer.scale.data, layer.bias.data = w, scale, bias
+    out = layer.to(NPU)(x.to(NPU))
+    torch.testing.assert_close(out.cpu(), (acc * scale.double()).half(), rtol=1e-3, atol=1e-3)
+    # int8 output: the offset is added, then rounding half to even and saturation
+    q = LinearQuant(16, 5, offset=True)
+    q.weight.data, q.scale.data, q.bias.data = w, scale, bias
+    q.offset.data = torch.full((5,), 3.0)
+    want = torch.round(acc * scale.double() + 3.0).clamp(-128, 127).to(torch.int8)
+    assert torch.equal(q.to(NPU)(x.to(NPU)).cpu(), want)
+    with pytest.raises(ValueError, match="both be int8"):
+        LinearQuant(16, 5)(x.to(NPU))                                 # weight still float: not loaded
+    with pytest.warns(FutureWarning, match="deprecated"):
+        old = LinearA8W8Quant(16, 5, output_dtype=torch.float16)
+    old.weight.data, old.scale.data, old.bias.data = w, scale, bias
+    torch.testing.assert_close(old.to(NPU)(x.to(NPU)).cpu(), out.cpu())
+    old.scale.data = scale.half()
+    with pytest.raises(ValueError, match="scale must be one of"):
+        old(x.to(NPU))
+
+
+def test_linear_weight_quant_dequantises_the_weight():
+    from torch_npu.contrib import LinearWeightQuant
+
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(3, 16, generator=g), _int8(g, 5, 16)
+    scale, offset, bias = torch.rand(5, generator=g) * 0.1, torch.randn(5, generator=g), torch.randn(5, generator=g)
+    layer = LinearWeightQuant(16, 5, antiquant_offset=True)
+    layer.weight.data, layer.antiquant_scale.data = w, scale
+    layer.antiquant_offset.data, layer.bias.data = offset, bias
+    want = x.double() @ ((w.double().T + offset.double()) * scale.double()) + bias.double()
+    torch.testing.assert_close(layer.to(NPU)(x.to(NPU)).cpu(), want.float(), rtol=1e-4, atol=1e-4)

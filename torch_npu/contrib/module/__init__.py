@@ -4,8 +4,9 @@ from .drop_path import NpuDropPath
 from .layers import ChannelShuffle, Focus
 from .losses import LabelSmoothingCrossEntropy
 from .prefetcher import Prefetcher
+from .quant_linear import LinearA8W8Quant, LinearQuant, LinearWeightQuant
 from .ps_roi_pooling import PSROIPool
 from .roi_align import ROIAlign
 
 __all__ = ["ChannelShuffle", "Prefetcher", "LabelSmoothingCrossEntropy", "PSROIPool", "ROIAlign", "NpuDropPath",
-           "Focus"]
+           "Focus", "LinearA8W8Quant", "LinearQuant", "LinearWeightQuant"]
