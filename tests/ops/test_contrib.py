@@ -364,3 +364,30 @@ def test_linear_weight_quant_dequantises_the_weight():
     layer.antiquant_offset.data, layer.bias.data = offset, bias
     want = x.double() @ ((w.double().T + offset.double()) * scale.double()) + bias.double()
     torch.testing.assert_close(layer.to(NPU)(x.to(NPU)).cpu(), want.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_cached_dropout_drops_in_training_and_draws_ahead_when_enabled():
+    from torch_npu.contrib import NpuCachedDropout, NpuFairseqDropout
+
+    assert NpuFairseqDropout is NpuCachedDropout
+    x = torch.randn(64, 32)
+    drop = NpuCachedDropout(0.25, module_name="attn")
+    assert torch.equal(drop.eval()(x.to(NPU)).cpu(), x)
+    drop.train()
+
+    def check(out):
+        kept = out != 0
+        torch.testing.assert_close(out[kept], x[kept] / 0.75)
+        assert 0.6 < kept.float().mean() < 0.9
+
+    check(drop(x.to(NPU)).cpu())
+    model = torch.nn.Sequential(drop)
+    NpuCachedDropout.enable_dropout_ensemble(model)
+    outs = [model(x.to(NPU)).cpu() for _ in range(3)]   # from the second forward on the masks come ready-made
+    for out in outs:
+        check(out)
+    assert not torch.equal(outs[1], outs[2])
+    key = ((64, 32), torch.float32, x.to(NPU).device, 0.25)
+    assert NpuCachedDropout._requests[key] >= 1 and len(NpuCachedDropout._ready[key]) == NpuCachedDropout._requests[key]
+    mask = drop([(4, 4), torch.float32, "npu:0"])
+    assert mask.dtype == torch.bool and mask.shape == (4, 4)
