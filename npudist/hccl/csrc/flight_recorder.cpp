@@ -50,25 +50,33 @@ uint64_t FlightRecorder::add_group(std::string name, std::string desc, int rank,
   return groups_.back().pg_id;
 }
 
-uint64_t FlightRecorder::record(uint64_t pg_id, const std::string& name, const std::string& desc,
-                                TraceEntry e) {
+uint64_t FlightRecorder::record(uint64_t pg_id, const std::string& name, const std::string& desc, bool p2p,
+                                uint64_t collective_seq_id, uint64_t p2p_seq_id, Fill fill, const void* ctx) {
+  const int64_t created = now_ns();
   std::lock_guard<std::mutex> g(mu_);
   GroupTrace& grp = groups_.at(pg_id);
   if (grp.name != name) grp.name = name;
   if (grp.desc != desc) grp.desc = desc;
-  e.op_id = ++grp.ops;
-  if (!e.p2p) grp.last_enqueued = static_cast<int64_t>(e.collective_seq_id);
+  const uint64_t op_id = ++grp.ops;
+  if (!p2p) grp.last_enqueued = static_cast<int64_t>(collective_seq_id);
   if (capacity_ == 0) return 0;
+  const uint64_t record_id = next_record_++;
+  if (ring_.size() < capacity_) ring_.emplace_back();
+  // Once the ring is full, the oldest entry's slot, reused in place (its buffers keep their capacity).
+  TraceEntry& e = ring_[record_id % capacity_];
+  e.record_id = record_id;
   e.pg_id = pg_id;
-  e.record_id = next_record_++;
-  e.created_ns = now_ns();
-  const uint64_t handle = e.record_id + 1;
-  if (ring_.size() < capacity_) {
-    ring_.push_back(std::move(e));
-  } else {
-    ring_[(handle - 1) % capacity_] = std::move(e);
-  }
-  return handle;
+  e.collective_seq_id = collective_seq_id;
+  e.p2p_seq_id = p2p_seq_id;
+  e.op_id = op_id;
+  e.p2p = p2p;
+  e.state = TraceState::kScheduled;
+  e.created_ns = created;
+  e.started_ns = e.completed_ns = 0;
+  e.retired = false;
+  e.error.clear();
+  fill(e, ctx);
+  return record_id + 1;
 }
 
 TraceEntry* FlightRecorder::find_locked(uint64_t handle) {

@@ -53,9 +53,15 @@ class FlightRecorder {
 
   // Registers a group; returns its pg_id.
   uint64_t add_group(std::string name, std::string desc, int rank, int size, std::vector<int64_t> global_ranks);
-  // Records `e` for group `pg_id`, whose name and description may have changed since add_group (torch sets
-  // the description after building the backend). Returns a handle for mark_*, 0 when recording is off.
-  uint64_t record(uint64_t pg_id, const std::string& name, const std::string& desc, TraceEntry e);
+  // Writes an op's fields into a recorder slot in place (under the recorder's lock): `op`, sizes, dtypes,
+  // reduce_op, root, peer, is_send, thread and timeout. The slot's strings and vectors keep their capacity,
+  // so once the ring is full an op is recorded without allocating.
+  using Fill = void (*)(TraceEntry& e, const void* ctx);
+  // Records an op of group `pg_id`, whose name and description may have changed since add_group (torch sets
+  // the description after building the backend); `fill(e, ctx)` supplies what the op is. Returns a handle
+  // for mark_*, 0 when recording is off (then `fill` is not called).
+  uint64_t record(uint64_t pg_id, const std::string& name, const std::string& desc, bool p2p,
+                  uint64_t collective_seq_id, uint64_t p2p_seq_id, Fill fill, const void* ctx);
   // seq: the collective's sequence number, 0 for a p2p op (group status counts collectives only).
   void mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq);
   void mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, const std::string& error);

@@ -10,6 +10,7 @@
 #include <c10/util/thread_name.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -22,39 +23,75 @@
 namespace npudist::hccl {
 namespace {
 
-std::vector<int64_t> sizes_of(const at::Tensor& t) {
-  return t.sizes().vec();
-}
+// Writes the sizes and dtypes of one side (inputs or outputs) of an op into a reused recorder slot:
+// existing inner vectors and strings are overwritten in place, so a slot that held a similar op before
+// needs no allocation.
+class SideWriter {
+ public:
+  SideWriter(std::vector<std::vector<int64_t>>& sizes, std::vector<std::string>& dtypes)
+      : sizes_(sizes), dtypes_(dtypes) {}
+  ~SideWriter() {
+    sizes_.resize(ns_);
+    dtypes_.resize(nd_);
+  }
+  std::vector<int64_t>& next_sizes() {
+    if (ns_ == sizes_.size()) sizes_.emplace_back();
+    auto& s = sizes_[ns_++];
+    s.clear();
+    return s;
+  }
+  void add_sizes(c10::IntArrayRef dims) { next_sizes().assign(dims.begin(), dims.end()); }
+  void add_dtype(at::ScalarType t) {
+    if (nd_ == dtypes_.size()) dtypes_.emplace_back();
+    dtypes_[nd_++].assign(c10::toString(t));
+  }
 
-void add_tensors(const std::vector<at::Tensor>& ts, std::vector<std::vector<int64_t>>& sizes,
-                 std::vector<std::string>& dtypes) {
+ private:
+  std::vector<std::vector<int64_t>>& sizes_;
+  std::vector<std::string>& dtypes_;
+  size_t ns_ = 0, nd_ = 0;
+};
+
+void add_tensors(const std::vector<at::Tensor>& ts, SideWriter& w) {
   for (const auto& t : ts) {
     if (!t.defined()) continue;
-    sizes.push_back(sizes_of(t));
-    dtypes.emplace_back(c10::toString(t.scalar_type()));
+    w.add_sizes(t.sizes());
+    w.add_dtype(t.scalar_type());
   }
 }
 
 // A list of equally shaped tensors as one [n, *shape] tensor, as ProcessGroupNCCL flattens the per-rank
 // list of all_gather / reduce_scatter before recording it; uneven lists stay as they are.
-void add_flattened(const std::vector<at::Tensor>& ts, std::vector<std::vector<int64_t>>& sizes,
-                   std::vector<std::string>& dtypes) {
+void add_flattened(const std::vector<at::Tensor>& ts, SideWriter& w) {
   bool even = !ts.empty();
   for (const auto& t : ts) even = even && t.defined() && t.sizes() == ts[0].sizes();
-  if (!even) return add_tensors(ts, sizes, dtypes);
-  std::vector<int64_t> flat{static_cast<int64_t>(ts.size())};
+  if (!even) return add_tensors(ts, w);
+  auto& flat = w.next_sizes();
+  flat.push_back(static_cast<int64_t>(ts.size()));
   for (auto d : ts[0].sizes()) flat.push_back(d);
-  sizes.push_back(std::move(flat));
-  dtypes.emplace_back(c10::toString(ts[0].scalar_type()));
+  w.add_dtype(ts[0].scalar_type());
 }
 
 // all_to_all with per-rank lists: the total element count, which is what fr_trace compares across ranks.
-void add_total(const std::vector<at::Tensor>& ts, std::vector<std::vector<int64_t>>& sizes,
-               std::vector<std::string>& dtypes) {
+void add_total(const std::vector<at::Tensor>& ts, SideWriter& w) {
   int64_t n = 0;
   for (const auto& t : ts) n += t.defined() ? t.numel() : 0;
-  sizes.push_back({n});
-  if (!ts.empty() && ts[0].defined()) dtypes.emplace_back(c10::toString(ts[0].scalar_type()));
+  w.next_sizes().push_back(n);
+  if (!ts.empty() && ts[0].defined()) w.add_dtype(ts[0].scalar_type());
+}
+
+// The issuing thread's name, as c10::getThreadName() reports it (a prctl system call, ~130 ns here), read
+// again at most once per millisecond per thread: a thread renamed between two collectives less than 1 ms
+// apart shows its previous name in the second entry.
+const std::string& current_thread_name() {
+  static thread_local std::string name;
+  static thread_local std::chrono::steady_clock::time_point read_at;
+  const auto now = std::chrono::steady_clock::now();
+  if (name.empty() || now - read_at >= std::chrono::milliseconds(1)) {
+    name = c10::getThreadName();
+    read_at = now;
+  }
+  return name;
 }
 
 // The adapter's op names in PyTorch's vocabulary (ProcessGroupNCCL's profiling titles, which fr_trace's
@@ -167,42 +204,51 @@ c10::Dict<c10::IValue, c10::IValue> entry_dict(const TraceEntry& e, const GroupT
 
 }  // namespace
 
-TraceEntry make_trace_entry(const OpSpec& s, uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms) {
-  TraceEntry e;
-  e.collective_seq_id = collective_seq;
-  e.p2p_seq_id = p2p_seq;
-  e.p2p = s.p2p;
-  e.is_send = s.is_send;
-  e.peer = s.peer;
-  e.op = s.name;
-  e.reduce_op = s.reduce_op;
-  e.root = s.root;
-  e.timeout_ms = timeout_ms;
-  switch (s.type) {
-    case c10d::OpType::ALLGATHER:
-      add_tensors(s.inputs, e.input_sizes, e.input_dtypes);
-      add_flattened(s.outputs, e.output_sizes, e.output_dtypes);
-      break;
-    case c10d::OpType::REDUCE_SCATTER:
-      add_flattened(s.inputs, e.input_sizes, e.input_dtypes);
-      add_tensors(s.outputs, e.output_sizes, e.output_dtypes);
-      break;
-    case c10d::OpType::ALLTOALL:
-      add_total(s.inputs, e.input_sizes, e.input_dtypes);
-      add_total(s.outputs, e.output_sizes, e.output_dtypes);
-      break;
-    default:
-      add_tensors(s.inputs, e.input_sizes, e.input_dtypes);
-      add_tensors(s.outputs, e.output_sizes, e.output_dtypes);
-  }
-  e.thread_name = c10::getThreadName();  // may be renamed at any time; the id is fixed
+uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& desc, const OpSpec& s,
+                   uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms) {
+  struct Ctx {
+    const OpSpec& s;
+    int64_t timeout_ms;
+    const std::string& thread_name;
+    const std::string& thread_id;
+  };
   static thread_local const std::string thread_id = [] {
     std::ostringstream o;
     o << std::this_thread::get_id();
     return o.str();
   }();
-  e.thread_id = thread_id;
-  return e;
+  const Ctx ctx{s, timeout_ms, current_thread_name(), thread_id};
+  auto fill = [](TraceEntry& e, const void* arg) {
+    const Ctx& c = *static_cast<const Ctx*>(arg);
+    const OpSpec& s = c.s;
+    e.is_send = s.is_send;
+    e.peer = s.peer;
+    e.op.assign(s.name);
+    e.reduce_op.assign(s.reduce_op);
+    e.root = s.root;
+    e.timeout_ms = c.timeout_ms;
+    e.thread_name.assign(c.thread_name);
+    e.thread_id.assign(c.thread_id);
+    SideWriter in(e.input_sizes, e.input_dtypes), out(e.output_sizes, e.output_dtypes);
+    switch (s.type) {
+      case c10d::OpType::ALLGATHER:
+        add_tensors(s.inputs, in);
+        add_flattened(s.outputs, out);
+        break;
+      case c10d::OpType::REDUCE_SCATTER:
+        add_flattened(s.inputs, in);
+        add_tensors(s.outputs, out);
+        break;
+      case c10d::OpType::ALLTOALL:
+        add_total(s.inputs, in);
+        add_total(s.outputs, out);
+        break;
+      default:
+        add_tensors(s.inputs, in);
+        add_tensors(s.outputs, out);
+    }
+  };
+  return FlightRecorder::get().record(pg_id, name, desc, s.p2p, collective_seq, p2p_seq, fill, &ctx);
 }
 
 std::string dump_pickle(int global_rank, const std::string& reason) {

@@ -258,11 +258,8 @@ class WorkHCCL : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
   void abort() override;
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    future_taken_ = true;
-    return future_;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;        // execution.cpp
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   std::vector<at::Tensor> result() override { return spec_.outputs; }
   uint64_t getSequencenumber() const override { return seq_; }
   int sourceRank() const override;  // extras.cpp
@@ -283,11 +280,11 @@ class WorkHCCL : public c10d::Work {
   std::chrono::steady_clock::time_point issued_, started_, finished_;
   std::atomic<bool> observed_{false};     // the user saw the outcome (wait/future)
   std::atomic<bool> error_handled_{false};  // the watchdog acted on its failure
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // an op run at launch: made on first request
   // Futures: cpu tensors' complete with the op, on a callback thread (callback_pool.h) or on a thread that
   // wait()s for the op, whichever claims it first; never on the thread that ran the op, where a then()
   // callback that waits for another op of the group would deadlock it. An op run at launch on the caller's
-  // thread completes its future there (no callback can be attached yet).
+  // thread gets its future on the first request, made completed (settled_future).
   std::atomic<bool> future_claimed_{false};
   std::atomic<bool> future_taken_{false};  // getFuture() was called (DDP hooks): failures must surface
   bool future_inline_ = false;             // the op runs at launch on the caller's thread
@@ -302,13 +299,11 @@ class WorkHCCL : public c10d::Work {
   void close_profiling_event();
   // Completes the future with the op's outcome if nobody has yet; returns false if another thread claimed it.
   bool finish_future();
+  c10::intrusive_ptr<c10::ivalue::Future> settled_future();
 };
 
 // Mapping helpers shared by the translation units.
 // The seam's element type of a tensor dtype; a dtype hccl cannot move is a ValueError naming `op`.
 comm::ElementType element_type_of(at::ScalarType t, const char* op);
-// The flight-recorder entry of an op, its tensors' sizes recorded as ProcessGroupNCCL records them
-// (flight_recorder_dump.cpp).
-TraceEntry make_trace_entry(const OpSpec& s, uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms);
 
 }  // namespace npudist::hccl

@@ -11,13 +11,19 @@
 namespace npudist::hccl::detail {
 namespace {
 
-void require(bool ok, const std::string& msg) {
-  if (!ok) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: " + msg);
+// The messages are built only on failure: these checks run on every collective.
+[[noreturn]] void invalid(const std::string& msg) {
+  throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: " + msg);
+}
+
+void require(bool ok, const char* msg) {
+  if (!ok) invalid(msg);
 }
 
 void check_root(int root, int n) {
-  require(root >= 0 && root < n,
-          "root " + std::to_string(root) + " is outside the communicator's ranks [0, " + std::to_string(n) + ")");
+  if (root < 0 || root >= n) {
+    invalid("root " + std::to_string(root) + " is outside the communicator's ranks [0, " + std::to_string(n) + ")");
+  }
 }
 
 // Elements per rank segment such that `n` segments fit in `bytes`, a multiple of one cache line.
@@ -42,7 +48,7 @@ bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
 void ShmEngineImpl::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                                  const OpInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
-  require(count == 0 || (in && out), "all_reduce got a null buffer for " + std::to_string(count) + " elements");
+  if (count != 0 && !(in && out)) invalid("all_reduce got a null buffer for " + std::to_string(count) + " elements");
   OpDesc d = make_desc(OpKind::kAllReduce, info, count, -1);
   d.dtype = static_cast<uint8_t>(t);
   d.redop = static_cast<uint8_t>(op);
