@@ -244,7 +244,7 @@ std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, co
                         "exited; check its own error first (the flight recorder, TORCH_HCCL_DUMP_ON_TIMEOUT=1, "
                         "shows what each rank issued), or raise ", timeout_source_ == "HCCL_EXEC_TIMEOUT" ||
                         timeout_source_ == "the default group timeout" ? std::string("HCCL_EXEC_TIMEOUT")
-                        : timeout_source_, " if the ranks are only far apart. Engine:");
+                        : timeout_source_, " if the ranks are only far apart. The engine says");
         error_type_ = static_cast<int>(c10d::ErrorType::TIMEOUT);
         break;
       }

@@ -132,7 +132,8 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
   // HCCL_ASYNC_ERROR_HANDLING is torch_npu's older name of the same switch (deprecated there, still read).
   const int legacy_handling = env_int("HCCL_ASYNC_ERROR_HANDLING", -1);
   async_error_handling_ = env_int("TORCH_HCCL_ASYNC_ERROR_HANDLING", legacy_handling >= 0 ? legacy_handling : 1);
-  if (legacy_handling >= 0 && !std::getenv("TORCH_HCCL_ASYNC_ERROR_HANDLING")) {
+  const char* current_name = std::getenv("TORCH_HCCL_ASYNC_ERROR_HANDLING");
+  if (legacy_handling >= 0 && (!current_name || !*current_name)) {  // an empty value is unset (env_int)
     TORCH_WARN_ONCE("HCCL_ASYNC_ERROR_HANDLING is deprecated, use TORCH_HCCL_ASYNC_ERROR_HANDLING instead");
   }
   monitoring_ = env_int("TORCH_HCCL_ENABLE_MONITORING", 0) != 0;
