@@ -48,6 +48,8 @@ def comm_buffers():
     assert be.charged_devices == [dev]
     free8, _ = torch.npu.mem_get_info(dev)
     assert free0 - free8 == 8 * 400 * MiB, (free0, free8)
+    print(f"rank {RANK}: 8 groups hold hccl_buffer_bytes.current={_held(dev)}; mem_get_info free fell by "
+          f"{free0 - free8}", flush=True)
     assert torch.npu.memory_allocated(dev) == allocated0     # tensors only: HCCL's buffers are not PyTorch's
     assert t[0].item() == WS ** 8
 
