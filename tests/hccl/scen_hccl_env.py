@@ -178,17 +178,23 @@ def deterministic_sum():
 
 @scenario
 def stuck_watchdog():
-    """TORCH_HCCL_ENABLE_MONITORING=1: a watchdog that stops beating (blocked on the group's store, which this
-    rank locks) ends the process after TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC."""
-    import fcntl
-
+    """TORCH_HCCL_ENABLE_MONITORING=1: a watchdog that stops beating (blocked on the group's store, which a
+    helper process locks) ends the process after TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC."""
     init(timeout=60)
     dist.all_reduce(torch.ones(2))
     dist.barrier()
     if RANK == 0:
         # The FileStore takes an flock for every operation: hold it, and every watchdog polling the store
-        # (TORCH_HCCL_DUMP_ON_TIMEOUT=1 makes them poll each second) blocks.
-        fd = os.open(os.environ["HCCL_TEST_STORE"], os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        # (TORCH_HCCL_DUMP_ON_TIMEOUT=1 makes them poll each second) blocks. A separate process holds it, so
+        # the first rank to be ended does not release it before the other rank's monitor has fired; it lets
+        # go by itself after 15 s.
+        import subprocess
+        import sys
+
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, os, sys, time\n"
+             "fd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\n"
+             "time.sleep(15)", os.environ["HCCL_TEST_STORE"]], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "locked"
     time.sleep(30)
     raise AssertionError("the heartbeat monitor did not end the process")
