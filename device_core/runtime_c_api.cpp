@@ -1,5 +1,6 @@
 // The emulated runtime behind the C ABI (npudist/runtime_c_api.h): every entry catches the C++ runtime's
 // exceptions and turns them into a status code plus a per-thread message.
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -200,6 +201,29 @@ npudist_status c_event_elapsed_ms(NpudistEvent start, NpudistEvent end, double* 
   return s == NPUDIST_ERROR_INVALID_VALUE ? NPUDIST_ERROR_NOT_READY : s;
 }
 
+// ---- communication buffers
+npudist_status c_comm_buffer_charge(int device, uint64_t bytes, const char* owner, uint64_t* handle) {
+  if (!handle) return fail(NPUDIST_ERROR_INVALID_VALUE, "comm_buffer_charge: handle is null");
+  std::string why;
+  npudist_status s = guarded([&] { *handle = comm_buffer_charge(device, bytes, owner ? owner : "", &why); });
+  if (s != NPUDIST_SUCCESS) return s;
+  return *handle ? NPUDIST_SUCCESS : fail(NPUDIST_ERROR_OUT_OF_MEMORY, why);
+}
+npudist_status c_comm_buffer_release(uint64_t handle) {
+  comm_buffer_release(handle);
+  return NPUDIST_SUCCESS;
+}
+uint64_t c_comm_buffer_bytes(int device) { return comm_buffer_bytes(device); }
+uint64_t c_comm_buffer_describe(int device, char* buf, uint64_t len) {
+  const std::string d = comm_buffer_describe(device);
+  if (buf && len) {
+    const size_t n = std::min<size_t>(d.size(), len - 1);
+    std::memcpy(buf, d.data(), n);
+    buf[n] = '\0';
+  }
+  return d.size();
+}
+
 void c_set_blocking_hooks(npudist_before_block_fn before, npudist_after_block_fn after) {
   set_blocking_hooks(BlockingHooks{before, after});
 }
@@ -240,6 +264,10 @@ const NpudistRuntimeApi g_api = {
     &c_event_elapsed_ms,
     &c_set_blocking_hooks,
     &c_stream_wait_event,
+    &c_comm_buffer_charge,
+    &c_comm_buffer_release,
+    &c_comm_buffer_bytes,
+    &c_comm_buffer_describe,
 };
 
 }  // namespace

@@ -86,5 +86,18 @@ void usage_segment_freed(void* ptr);
 void usage_reserved(void* base, size_t bytes);
 void usage_released(void* base);
 void usage_pages(void* ptr, size_t bytes, bool mapped);
+// Memory charged without a mapping (communication buffers), counted in the record like segments.
+void usage_charged(int device, int64_t delta);
+// Device memory this process holds on `device`: segments, mapped pages and charges.
+size_t usage_device_bytes(int device);
+
+// ---- Communication buffers (runtime_comm_buffers.cpp): device memory collective communicators hold outside
+// the caching allocator, accounted without a mapping ----
+// A handle (> 0), or 0 with *why set when `bytes` does not fit beside what the process holds on `device`.
+uint64_t comm_buffer_charge(int device, size_t bytes, const std::string& owner, std::string* why);
+void comm_buffer_release(uint64_t handle);
+size_t comm_buffer_bytes(int device);
+// "<n> x <owner>: <bytes>" per distinct owner, joined by "; " ("" when nothing is held).
+std::string comm_buffer_describe(int device);
 
 }  // namespace npudist::runtime

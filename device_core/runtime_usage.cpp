@@ -32,6 +32,7 @@ bool g_tried = false;
 char g_path[128];
 std::map<uintptr_t, std::pair<int, size_t>> g_segments;      // fixed segment base -> (device, bytes)
 std::map<uintptr_t, std::pair<int, size_t>> g_reservations;  // reserved range base -> (device, bytes)
+int64_t g_used[kMaxDevices] = {};  // bytes held per device, kept even when the record cannot be created
 
 void remove_record() {
   if (g_record) unlink(g_path);
@@ -48,6 +49,7 @@ void forget_record_in_child() {
   g_tried = false;
   g_segments.clear();
   g_reservations.clear();
+  std::memset(g_used, 0, sizeof(g_used));
   g_mu.unlock();
 }
 
@@ -104,6 +106,7 @@ NpudistUsageRecord* record_locked() {
 
 void add_locked(int device, int64_t delta) {
   if (device < 0 || device >= kMaxDevices) return;
+  g_used[device] += delta;
   NpudistUsageRecord* r = record_locked();
   if (!r) return;
   const int phys = physical_device(device);
@@ -146,6 +149,16 @@ void usage_reserved(void* base, size_t bytes) {
 void usage_released(void* base) {
   std::lock_guard<std::mutex> g(g_mu);
   g_reservations.erase(reinterpret_cast<uintptr_t>(base));
+}
+
+void usage_charged(int device, int64_t delta) {
+  std::lock_guard<std::mutex> g(g_mu);
+  add_locked(device, delta);
+}
+
+size_t usage_device_bytes(int device) {
+  std::lock_guard<std::mutex> g(g_mu);
+  return device < 0 || device >= kMaxDevices || g_used[device] < 0 ? 0 : static_cast<size_t>(g_used[device]);
 }
 
 void usage_pages(void* ptr, size_t bytes, bool mapped) {

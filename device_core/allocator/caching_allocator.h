@@ -60,6 +60,11 @@ class DeviceHooks {
   virtual void release_address(void* base, size_t size) = 0;
   virtual bool commit_pages(void* ptr, size_t size) = 0;
   virtual void decommit_pages(void* ptr, size_t size) = 0;
+  // Device memory the process holds on `device` outside the allocator (collective communicators' buffers,
+  // HCCL's 2 x HCCL_BUFFSIZE each): segments must fit beside it, as cudaMalloc's must fit beside NCCL's.
+  virtual size_t external_bytes(int /*device*/) { return 0; }
+  // Who holds it, for the out-of-memory message; empty when nothing does.
+  virtual std::string external_description(int /*device*/) { return {}; }
 };
 
 struct Stat {

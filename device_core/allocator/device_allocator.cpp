@@ -31,6 +31,17 @@ size_t DeviceAllocator::allowed_bytes() const {
   return static_cast<size_t>(fraction_ * static_cast<double>(capacity_));
 }
 
+bool DeviceAllocator::segment_fits(size_t size) {
+  const size_t external = hooks_->external_bytes(device_);
+  if (total_reserved_ + size + external > capacity_) return false;
+  if (total_reserved_ + size > allowed_bytes()) {
+    // The device still has room but this process's fraction does not: a preemptive rejection.
+    if (fraction_set_) stats_.num_oom_rejections += 1;
+    return false;
+  }
+  return true;
+}
+
 std::array<size_t, 2> DeviceAllocator::stat_types(const BlockPool* pool) const {
   return {kAggregate, pool->is_small ? kSmallPool : kLargePool};
 }
@@ -55,7 +66,7 @@ Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& 
   }
   if (!found) {
     stats_.num_ooms += 1;
-    size_t device_free = capacity_ - std::min(capacity_, total_reserved_);
+    size_t device_free = capacity_ - std::min(capacity_, total_reserved_ + hooks_->external_bytes(device_));
     record_trace(Action::kOom, 0, orig_size, stream, ctx, device_free);
     std::string msg = oom_message(orig_size, p.alloc_size);
     std::vector<OomObserver> observers = oom_observers_;
@@ -87,11 +98,7 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
   // whole segments.
   if (caching_ && cfg_.expandable_segments && !p.pool->owner) return alloc_expandable(p);
   size_t size = p.alloc_size;
-  if (total_reserved_ + size > allowed_bytes()) {
-    // The device still has room but this process's fraction does not: a preemptive rejection.
-    if (fraction_set_ && total_reserved_ + size <= capacity_) stats_.num_oom_rejections += 1;
-    return false;
-  }
+  if (!segment_fits(size)) return false;
   void* ptr = map_segment_for(p, size);
   if (!ptr) return false;
   total_reserved_ += size;
@@ -412,10 +419,17 @@ std::string format_size(size_t bytes) {
 std::string DeviceAllocator::oom_message(size_t orig_size, size_t alloc_size) const {
   size_t allocated = static_cast<size_t>(stats_.allocated_bytes[kAggregate].current);
   size_t reserved = total_reserved_;
-  size_t device_free = capacity_ - std::min(capacity_, reserved);
+  const size_t external = hooks_->external_bytes(device_);
+  size_t device_free = capacity_ - std::min(capacity_, reserved + external);
   std::string m = "NPU out of memory. Tried to allocate " + format_size(orig_size) + ". NPU " +
                   std::to_string(device_) + " has a total capacity of " + format_size(capacity_) +
                   " of which " + format_size(device_free) + " is free. ";
+  if (external) {
+    // CUDA's wording for memory the process holds outside PyTorch, then who holds it.
+    m += "Including non-PyTorch memory, this process has " + format_size(reserved + external) +
+         " memory in use, of which " + format_size(external) + " is held outside PyTorch: " +
+         hooks_->external_description(device_) + ". ";
+  }
   if (fraction_set_)
     m += "The per-process memory fraction limits this process to " + format_size(allowed_bytes()) +
          " (torch.npu.set_per_process_memory_fraction). ";

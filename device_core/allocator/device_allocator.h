@@ -122,6 +122,9 @@ class DeviceAllocator {
   // All private helpers run with mu_ held.
   size_t capacity() const { return capacity_; }
   size_t allowed_bytes() const;
+  // Whether `size` more bytes of segments fit: within the per-process fraction and, beside the memory the
+  // process holds outside the allocator (external_bytes), within the device. Counts fraction rejections.
+  bool segment_fits(size_t size);
   std::array<size_t, 2> stat_types(const BlockPool* pool) const;
   bool get_free_block(AllocParams& p);
   bool alloc_block(AllocParams& p, bool is_retry);

@@ -48,10 +48,7 @@ bool DeviceAllocator::alloc_expandable(AllocParams& p) {
     }
   }
   if (!best) return false;
-  if (total_reserved_ + best_commit > allowed_bytes()) {
-    if (fraction_set_ && total_reserved_ + best_commit <= capacity_) stats_.num_oom_rejections += 1;
-    return false;
-  }
+  if (!segment_fits(best_commit)) return false;
   ExpandableSegment* seg = best->expandable;
   size_t offset = static_cast<size_t>(best->ptr - seg->region->base());
   if (!seg->region->commit(offset, best_commit)) return false;

@@ -52,7 +52,7 @@ double DeviceAllocator::memory_fraction() {
 
 std::pair<size_t, size_t> DeviceAllocator::mem_info() {
   std::lock_guard<std::mutex> lock(mu_);
-  return {capacity_ - std::min(capacity_, total_reserved_), capacity_};
+  return {capacity_ - std::min(capacity_, total_reserved_ + hooks_->external_bytes(device_)), capacity_};
 }
 
 void DeviceAllocator::set_config(const AllocatorConfig& cfg) {

@@ -71,6 +71,13 @@ struct RuntimeHooks final : alloc::DeviceHooks {
     return rt::api().map_memory(ptr, size) == NPUDIST_SUCCESS;
   }
   void decommit_pages(void* ptr, size_t size) override { rt::api().unmap_memory(ptr, size); }
+  size_t external_bytes(int d) override { return rt::api().comm_buffer_bytes(d); }
+  std::string external_description(int d) override {
+    std::string text(rt::api().comm_buffer_describe(d, nullptr, 0) + 1, '\0');
+    const size_t n = rt::api().comm_buffer_describe(d, text.data(), text.size());
+    text.resize(std::min(n, text.size() - 1));  // a charge may have come or gone between the calls
+    return text;
+  }
 };
 
 // ---- the core, created on first use (device configuration and env are read then) and never destroyed:
@@ -384,6 +391,10 @@ py::dict memory_stats(int device) {
   r["reserved_bytes_by_private_pools"] = by_pool;
   r["oversize_allocations"] = stat_dict(s.oversize_allocations);
   r["oversize_segments"] = stat_dict(s.oversize_segments);
+  // npudist's own key: device memory hccl communicators hold outside the allocator (2 x HCCL_BUFFSIZE each).
+  py::dict comm;
+  comm["current"] = static_cast<int64_t>(rt::api().comm_buffer_bytes(device));
+  r["hccl_buffer_bytes"] = comm;
   return r;
 }
 

@@ -7,11 +7,12 @@ Importing this module registers the backend: ``dist.init_process_group("hccl")``
 Options (torch_npu names)::
 
     opts = npudist.hccl.ProcessGroupHCCL.Options()
-    opts.hccl_config = {"hccl_buffer_size": 64}        # MB per rank; also HCCL_BUFFSIZE
+    opts.hccl_config = {"hccl_buffer_size": 64}        # MB; the group holds 2 x 64 MB per npu device
     dist.init_process_group("hccl", pg_options=opts, timeout=timedelta(seconds=60))
 
-Environment: HCCL_BUFFSIZE (MB), HCCL_EXEC_TIMEOUT (s, default op timeout when none is given),
-HCCL_CONNECT_TIMEOUT (s), TORCH_HCCL_ASYNC_ERROR_HANDLING, TORCH_HCCL_BLOCKING_WAIT,
+Environment (docs/hccl.md has the table): HCCL_BUFFSIZE (MB, default 200), HCCL_EXEC_TIMEOUT (s),
+HCCL_CONNECT_TIMEOUT (s), HCCL_DETERMINISTIC, TORCH_HCCL_ASYNC_ERROR_HANDLING (HCCL_ASYNC_ERROR_HANDLING),
+TORCH_HCCL_BLOCKING_WAIT, TORCH_HCCL_ENABLE_MONITORING, TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC,
 TORCH_HCCL_TRACE_BUFFER_SIZE, TORCH_HCCL_DUMP_ON_TIMEOUT, TORCH_HCCL_DEBUG_INFO_TEMP_FILE,
 NPUDIST_NODE_ID (node identity; default: host name), NPUDIST_HCCL_COMMUNICATOR (auto | gloo).
 See docs/hccl.md and docs/debugging.md.
@@ -19,7 +20,6 @@ See docs/hccl.md and docs/debugging.md.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 
 import torch
 import torch.distributed as dist
@@ -61,23 +61,7 @@ def _create_backend(dist_opts, pg_options):
     opts.global_ranks_in_group = list(dist_opts.global_ranks_in_group)
     opts.group_name = dist_opts.group_id
     _hand_over_runtime()
-    try:
-        return ProcessGroupHCCL(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, opts)
-    except RuntimeError as e:
-        _name_buffer_variable(e, opts)
-        raise
-
-
-def _name_buffer_variable(e: RuntimeError, opts) -> None:
-    """A staging buffer the host cannot map fails deep in the engine (mmap: Cannot allocate memory); when
-    HCCL_BUFFSIZE chose its size, say so."""
-    size = env.read("HCCL_BUFFSIZE")
-    if size is None or opts.hccl_config.get("hccl_buffer_size") or "Cannot allocate memory" not in str(e):
-        return
-    raise env.EnvVarError("HCCL_BUFFSIZE", os.environ["HCCL_BUFFSIZE"],
-                          accepted="a staging buffer size in MB that this host's shared memory can hold (unset it "
-                          "for the 8 MB default)", noun="a buffer size this host can map",
-                          problem=f"({size} MB per rank could not be mapped: {e})") from e
+    return ProcessGroupHCCL(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, opts)
 
 
 _runtime_handed_over = False

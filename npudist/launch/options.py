@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Timeout for hccl communicators to connect, in seconds (sets HCCL_CONNECT_TIMEOUT).")
     npu.add_argument(
         "--hccl-buffsize", "--hccl_buffsize", type=_positive_int, default=None, metavar="MB",
-        help="Per-rank hccl staging buffer in MB (sets HCCL_BUFFSIZE).")
+        help="hccl communicator buffer in MB; each group holds 2 x it of device memory (sets HCCL_BUFFSIZE; "
+             "default 200).")
 
     npu.add_argument(
         "--no-plan-check", "--no_plan_check", action="store_true",

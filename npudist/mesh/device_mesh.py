@@ -14,20 +14,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from npudist.plan.schema import ParallelConfig, ParallelDegrees
 
-from npudist.plan.ranks import MESH_DIM_NAMES
+from npudist.plan.ranks import DERIVED_DIMS, MESH_DIM_NAMES, physical_dims
 
 DP_DIM = "dp"   # flattened dp_replicate x dp_shard: the ranks that read different batches
 
-# Derived dims: each is a flattening of physical dims (those of size 1 are left out). With expert parallel
-# (ep > 1) dp_shard itself is split into dp_shard_mod_ep x dp_shard_in_ep, so ep can borrow dp_shard_in_ep
-# x cp as in torchtitan's ParallelDims.
-DERIVED_DIMS = {
-    "dp_shard": ("dp_shard_mod_ep", "dp_shard_in_ep"),
-    DP_DIM: ("dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep", "dp_shard"),
-    "dp_shard_cp": ("dp_shard_mod_ep", "dp_shard_in_ep", "dp_shard", "cp"),   # what FSDP shards over
-    "ep": ("dp_shard_in_ep", "cp"),                                           # experts split over it
-    "edp": ("dp_replicate", "dp_shard_mod_ep"),                               # ranks with the same experts
-}
 DIM_NAMES = MESH_DIM_NAMES + tuple(n for n in DERIVED_DIMS if n not in MESH_DIM_NAMES)
 
 # Flattened meshes by root mesh: torch deprecates slicing a flattened dim from the root mesh and asks
@@ -45,18 +35,6 @@ def _as_degrees(parallel) -> ParallelDegrees:
             return parallel.resolve(dist.get_world_size())
         return parallel.degrees()
     raise TypeError(f"build_mesh expects ParallelDegrees or ParallelConfig, got {type(parallel).__name__}")
-
-
-def physical_dims(degrees: ParallelDegrees) -> dict[str, int]:
-    """The mesh's dims of size > 1 in mesh order; dp_shard split in two when ep borrows part of it."""
-    dims = {}
-    for name, size in degrees.sizes().items():
-        if name == "dp_shard" and degrees.ep > 1:
-            dims["dp_shard_mod_ep"] = size // degrees.dp_shard_in_ep
-            dims["dp_shard_in_ep"] = degrees.dp_shard_in_ep
-        else:
-            dims[name] = size
-    return {n: s for n, s in dims.items() if s > 1}
 
 
 def build_mesh(parallel, device_type: str = "npu") -> DeviceMesh:

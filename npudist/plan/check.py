@@ -122,8 +122,21 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
                                                  + (f", every {ac.every_n_layers} layers)"
                                                     if ac.selective_policy == "layer" else ")")
                                                  if ac.mode == "selective" else ""))
+    lines.extend(_hccl_lines(plan, degrees))
     lines.extend(_swap_lines(plan, degrees))
     return lines
+
+
+def _hccl_lines(plan: Plan, degrees: ParallelDegrees) -> list[str]:
+    """The device memory the rank's hccl communicators hold (CANN: 2 x HCCL_BUFFSIZE each)."""
+    from .estimate import communicators, hccl_buffer_mb
+    groups = communicators(plan, degrees)
+    if not groups:
+        return []
+    mb = hccl_buffer_mb()
+    return [f"hccl      {len(groups)} communicator{'s' if len(groups) > 1 else ''} per rank ({', '.join(groups)}) x "
+            f"2 x HCCL_BUFFSIZE={mb} MB = {format_bytes(len(groups) * 2 * (mb << 20))} of device memory on every "
+            "rank (CANN's communicator buffers, docs/hccl.md; a lower HCCL_BUFFSIZE shrinks them)"]
 
 
 def _swap_lines(plan: Plan, degrees: ParallelDegrees) -> list[str]:
@@ -156,7 +169,7 @@ def _swap_lines(plan: Plan, degrees: ParallelDegrees) -> list[str]:
 def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list[str]:
     cp = ("cp",) if degrees.cp > 1 else ()
     cols = ("rank", "stages", "blocks", "dp_rep", "dp_shard", *cp, "tp", "params", "grads", "optim", "fsdp_ag",
-            "activ", "total")
+            "activ", "hccl", "total")
     rows = []
     for e in estimates:
         c = e.coords
@@ -166,6 +179,7 @@ def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list
                      *((f"{c['cp']}/{degrees.cp}",) if cp else ()),
                      f"{c['tp']}/{degrees.tp}", format_bytes(e.param_bytes), format_bytes(e.grad_bytes),
                      format_bytes(e.optim_bytes), format_bytes(e.gather_bytes), format_bytes(e.activation_bytes),
+                     format_bytes(e.comm_buffer_bytes),
                      format_bytes(e.device_bytes) + (" (state on host)" if e.offloaded else "")))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
     left = {"stages", "blocks"}
@@ -173,7 +187,8 @@ def _rank_table(degrees: ParallelDegrees, estimates: list[RankEstimate]) -> list
     def line(cells):
         return "  ".join(c.ljust(w) if h in left else c.rjust(w) for c, w, h in zip(cells, widths, cols))
     return ["per-rank device memory estimate (fp32 params, grads and AdamW state after TP/EP/FSDP sharding; "
-            "fsdp_ag = all-gathered units alive at peak; activations estimated for the schedule's peak):",
+            "fsdp_ag = all-gathered units alive at peak; activations estimated for the schedule's peak; hccl = "
+            "2 x HCCL_BUFFSIZE per communicator):",
             line(cols), *(line(r) for r in rows)]
 
 
@@ -191,9 +206,13 @@ def capacity_warnings(plan: Plan, degrees: ParallelDegrees, capacity: int | None
         return []
     worst = max(over, key=lambda e: e.device_bytes)
     ranks = "every rank needs" if len(over) == degrees.world_size else f"{len(over)} of {degrees.world_size} ranks need"
+    hccl = ""
+    if worst.comm_buffer_bytes:
+        hccl = (f" ({format_bytes(worst.comm_buffer_bytes)} of it the buffers of {len(worst.communicators)} hccl "
+                f"communicators, 2 x HCCL_BUFFSIZE each: a lower HCCL_BUFFSIZE shrinks them)")
     return [f"warning: {ranks} more memory than an npu device has ({format_bytes(capacity)}, NPUDIST_DEVICE_MEMORY): "
-            f"rank {worst.rank} an estimated {format_bytes(worst.device_bytes)}, so training would run out of device "
-            "memory; `npudist plan check` lists the levers that lower it (docs/memory.md)"]
+            f"rank {worst.rank} an estimated {format_bytes(worst.device_bytes)}{hccl}, so training would run out of "
+            "device memory; `npudist plan check` lists the levers that lower it (docs/memory.md)"]
 
 
 def check_plan(source, world_size: int | None = None, overrides=()) -> tuple[Plan, ParallelDegrees, str]:

@@ -8,6 +8,8 @@ splits the routed experts over ep (outside FSDP), FSDP splits every other parame
 own module) get no activation estimate.
 Activations are an ESTIMATE: bytes saved for backward per token per block (see ``_block_activation``),
 times the tokens of the micro-batches a pipeline schedule keeps in flight.
+On npu with hccl, every process group of the rank holds 2 x HCCL_BUFFSIZE of device memory (CANN's
+communicator buffers; docs/hccl.md), counted as ``comm_buffer_bytes``.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from npudist.models import get_model_spec, model_layout, stage_of_module
 
 from .patterns import matches
-from .ranks import rank_coordinates, stage_layer_ranges, stages_of_rank
+from .ranks import process_groups_of_rank, rank_coordinates, stage_layer_ranges, stages_of_rank
 from .schema import ParallelDegrees, Plan
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -42,16 +44,19 @@ class RankEstimate:
     notes: list[str] = field(default_factory=list)
     swapped_activation_bytes: int = 0   # activations on the host at the peak (memory.swap.activations)
     optim_swapped: bool = False         # optimizer state on the host outside the step (memory.swap)
+    communicators: list[str] = field(default_factory=list)   # hccl process groups of the rank (npu + hccl)
+    comm_buffer_bytes: int = 0          # 2 x HCCL_BUFFSIZE per communicator, held on the device
 
     @property
     def device_bytes(self) -> int:
         if self.offloaded:
-            return self.gather_bytes + self.activation_bytes
+            return self.gather_bytes + self.activation_bytes + self.comm_buffer_bytes
         if self.optim_swapped:
             # forward/backward peak without the state, or the step's with it (activations freed by then)
             return self.param_bytes + self.grad_bytes + max(self.gather_bytes + self.activation_bytes,
-                                                            self.optim_bytes)
-        return self.param_bytes + self.grad_bytes + self.optim_bytes + self.gather_bytes + self.activation_bytes
+                                                            self.optim_bytes) + self.comm_buffer_bytes
+        return (self.param_bytes + self.grad_bytes + self.optim_bytes + self.gather_bytes + self.activation_bytes
+                + self.comm_buffer_bytes)
 
 
 def _numel(shape) -> int:
@@ -163,6 +168,20 @@ def _swapped_blocks(plan: Plan, layout) -> frozenset:
     return frozenset(resolve_swap_blocks(plan.memory.swap.activations.blocks, list(layout.blocks))[0])
 
 
+def hccl_buffer_mb() -> int:
+    """HCCL_BUFFSIZE of this process (MB, CANN's default 200): what each communicator holds twice."""
+    from npudist import env
+    return env.read("HCCL_BUFFSIZE")
+
+
+def communicators(plan: Plan, degrees: ParallelDegrees) -> list[str]:
+    """The hccl communicators a rank holds device buffers for: its process groups when the plan trains on npu
+    over hccl (every group moves npu tensors: the loss is reduced over the world group each step)."""
+    if plan.training.device != "npu" or "hccl" not in plan.training.resolved_backend:
+        return []
+    return process_groups_of_rank(degrees)
+
+
 def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstimate:
     par, d = plan.parallel, plan.data
     layout = model_layout(plan.model)
@@ -227,13 +246,15 @@ def estimate_rank(plan: Plan, degrees: ParallelDegrees, rank: int) -> RankEstima
                                             act_bytes, _swapped_blocks(plan, layout))
     if par.fsdp.cpu_offload and shard > 1:
         notes.append("fsdp.cpu_offload: parameters, gradients and optimizer state in host memory")
+    groups = communicators(plan, degrees)
     return RankEstimate(
         rank=rank, coords=coords, stages=stages, blocks=layers, holds_embedding=first and bool(layout.first),
         holds_head=head and layout.head is not None,
         params=held, param_bytes=param_b, grad_bytes=param_b, optim_bytes=ADAMW_STATES * param_b,
         gather_bytes=gather, activation_bytes=activations, offloaded=par.fsdp.cpu_offload and shard > 1,
         notes=notes, swapped_activation_bytes=on_host,
-        optim_swapped=plan.memory.swap.optimizer_state and not (par.fsdp.cpu_offload and shard > 1))
+        optim_swapped=plan.memory.swap.optimizer_state and not (par.fsdp.cpu_offload and shard > 1),
+        communicators=groups, comm_buffer_bytes=len(groups) * 2 * (hccl_buffer_mb() << 20) if groups else 0)
 
 
 def estimate_all(plan: Plan, degrees: ParallelDegrees) -> list[RankEstimate]:

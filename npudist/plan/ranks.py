@@ -10,6 +10,49 @@ from .schema import V_SHAPED_SCHEDULES, ParallelDegrees
 
 MESH_DIM_NAMES = ParallelDegrees.DIM_NAMES
 
+# Derived dims of the training mesh (npudist.mesh): each is a flattening of physical dims (those of size 1 are
+# left out). With expert parallel (ep > 1) dp_shard itself is split into dp_shard_mod_ep x dp_shard_in_ep, so
+# ep can borrow dp_shard_in_ep x cp as in torchtitan's ParallelDims.
+DERIVED_DIMS = {
+    "dp_shard": ("dp_shard_mod_ep", "dp_shard_in_ep"),
+    "dp": ("dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep", "dp_shard"),  # the ranks reading different batches
+    "dp_shard_cp": ("dp_shard_mod_ep", "dp_shard_in_ep", "dp_shard", "cp"),   # what FSDP shards over
+    "ep": ("dp_shard_in_ep", "cp"),                                           # experts split over it
+    "edp": ("dp_replicate", "dp_shard_mod_ep"),                               # ranks with the same experts
+}
+
+
+def physical_dims(degrees: ParallelDegrees) -> dict[str, int]:
+    """The mesh's dims of size > 1 in mesh order; dp_shard split in two when ep borrows part of it."""
+    dims = {}
+    for name, size in degrees.sizes().items():
+        if name == "dp_shard" and degrees.ep > 1:
+            dims["dp_shard_mod_ep"] = size // degrees.dp_shard_in_ep
+            dims["dp_shard_in_ep"] = degrees.dp_shard_in_ep
+        else:
+            dims[name] = size
+    return {n: s for n, s in dims.items() if s > 1}
+
+
+def process_groups_of_rank(degrees: ParallelDegrees) -> list[str]:
+    """The process groups every rank of a training run belongs to: the world group, then one per mesh dim and
+    flattened dim the mesh builds (npudist.mesh.build_mesh), except those spanning the whole world, for which
+    torch's DeviceMesh reuses the world group. Each is one hccl communicator on the rank's device."""
+    dims = physical_dims(degrees)
+    world = degrees.world_size
+    groups = ["world"] if world > 1 else []
+    groups += [n for n, s in dims.items() if s < world]
+    for name, parts in DERIVED_DIMS.items():
+        if name in ("ep", "edp") and degrees.ep == 1:
+            continue
+        present = [p for p in parts if p in dims]
+        size = 1
+        for p in present:
+            size *= dims[p]
+        if len(present) > 1 and size < world:
+            groups.append(name)
+    return groups
+
 
 def rank_coordinates(degrees: ParallelDegrees, rank: int) -> dict[str, int]:
     """Coordinate of ``rank`` along every mesh dim (0 along dims of size 1)."""

@@ -28,7 +28,9 @@ CUDA_KEYS = ({f"{a}.{p}.{m}" for a, p, m in itertools.product(
 def test_stats_keys_match_cuda():
     stats = torch.npu.memory_stats()
     # Live private pools (MemPool) add reserved_bytes_by_private_pools.<a>_<b>.* keys, as in torch.cuda.
-    assert {k for k in stats if not k.startswith("reserved_bytes_by_private_pools.")} == CUDA_KEYS
+    assert {k for k in stats if not k.startswith("reserved_bytes_by_private_pools.")} == CUDA_KEYS | {
+        "hccl_buffer_bytes.current"}   # npudist's own: hccl communicators' buffers (docs/hccl.md, Environment)
+    assert stats["hccl_buffer_bytes.current"] == 0   # no process group here
     assert list(stats) == sorted(stats)
     nested = torch.npu.memory_stats_as_nested_dict()
     assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]

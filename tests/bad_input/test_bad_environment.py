@@ -138,12 +138,14 @@ import os, torch, torch.distributed as dist
 from npudist import env
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
 for name, raw in (("HCCL_BUFFSIZE", "0"), ("HCCL_CONNECT_TIMEOUT", "-1"), ("HCCL_EXEC_TIMEOUT", "-1"),
-                  ("TORCH_HCCL_BLOCKING_WAIT", "maybe"), ("HCCL_BUFFSIZE", "99999999")):
+                  ("TORCH_HCCL_BLOCKING_WAIT", "maybe"), ("HCCL_BUFFSIZE", "99999999"),
+                  ("HCCL_DETERMINISTIC", "always")):
     os.environ[name] = raw
     try:
-        dist.new_group([0], backend="hccl")
+        g = dist.new_group([0], backend="hccl")
         print("created", name)
-    except env.EnvVarError as e:
+        dist.all_reduce(torch.ones(2, device="npu"), group=g)   # the communicator's device buffers, 2 x raw MB
+    except (env.EnvVarError, torch.OutOfMemoryError) as e:
         print(f"{type(e).__name__}: {e}")
     del os.environ[name]
 g = dist.new_group([0], backend="hccl")
@@ -162,9 +164,14 @@ def test_malformed_hccl_variables_fail_group_creation_with_their_name():
     assert lines[1].startswith("EnvVarError: HCCL_CONNECT_TIMEOUT='-1' is not a timeout")
     assert lines[2].startswith("EnvVarError: HCCL_EXEC_TIMEOUT='-1' is not a timeout")
     assert lines[3].startswith("EnvVarError: TORCH_HCCL_BLOCKING_WAIT='maybe' is not a boolean")
-    # A size the host cannot map: the engine's mmap error, named as the variable's.
-    assert lines[4].startswith("EnvVarError: HCCL_BUFFSIZE='99999999' is not a buffer size this host can map "
-                               "(99999999 MB per rank could not be mapped"), lines[4]
-    assert lines[5] == "ok [1.0, 1.0]"
+    # A size the device cannot hold: the group is created (CANN allocates the buffers with the communicator,
+    # which torch_npu creates at the first op on npu tensors), its first npu op is an out-of-memory error
+    # naming the variable.
+    assert lines[4] == "created HCCL_BUFFSIZE", lines[4]
+    assert lines[5].startswith("OutOfMemoryError: NPU out of memory: the hccl communicator of group"), lines[5]
+    assert "(2 x HCCL_BUFFSIZE=99999999 MB, as CANN allocates them for every communicator)" in lines[5], lines[5]
+    assert "Lower HCCL_BUFFSIZE" in lines[5], lines[5]
+    assert lines[6].startswith("EnvVarError: HCCL_DETERMINISTIC='always' is not a determinism level"), lines[6]
+    assert lines[7] == "ok [1.0, 1.0]"
     assert "RuntimeWarning: npudist: HCCL_BUFFSIZE='0' is not a buffer size" in r.stderr
     assert "creating an hccl process group raises this error" in r.stderr

@@ -244,7 +244,8 @@ def connect_timeout():
 
     init(timeout=30)
     if RANK == 0:
-        msg, took = expect_error(lambda: dist.new_group(), dist.DistBackendError, "HCCL_CONNECT_TIMEOUT")
+        msg, took = expect_error(lambda: dist.new_group(), dist.DistBackendError, "HCCL_CONNECT_TIMEOUT",
+                                 "EI0006", "ranks [1]", "did not join", "after 2 s")
         assert took < 10, f"group creation gave up after {took:.1f}s with HCCL_CONNECT_TIMEOUT=2"
     else:
         time.sleep(6)

@@ -12,6 +12,7 @@ import scen_extras  # noqa: F401
 import scen_faults  # noqa: F401
 import scen_flight_recorder  # noqa: F401
 import scen_groups  # noqa: F401
+import scen_hccl_env  # noqa: F401
 import scen_ops  # noqa: F401
 import scen_soak  # noqa: F401
 import scen_zero_copy  # noqa: F401

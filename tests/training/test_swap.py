@@ -33,8 +33,10 @@ def _launch(tmp_path, name, capacity, blocks="[]", state="false"):
     run = tmp_path / name
     run.mkdir()
     (run / "plan.yaml").write_text(PLAN.format(metrics=run / "m.jsonl", blocks=blocks, state=state))
+    # HCCL_BUFFSIZE=1: the world group's communicator holds 2 MiB of the device (CANN's 200 MB default would
+    # not fit a 20 MiB device); the allocator's segments must fit beside it.
     env = dict(os.environ, NPUDIST_DATA_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1",
-               NPUDIST_DEVICE_MEMORY=str(capacity))
+               NPUDIST_DEVICE_MEMORY=str(capacity), HCCL_BUFFSIZE="1")
     cmd = [sys.executable, "-m", "npudist.launch", "--nproc", "2", "--master-port", str(free_port()), TRAIN,
            "--config", str(run / "plan.yaml")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env, cwd=str(run))

@@ -20,7 +20,8 @@ extern "C" {
 
 // 3: status codes; memory, copies, streams, events and device properties joined the table.
 // 4: stream_wait_event (appended; a consumer built for version N works with any table of version >= N).
-#define NPUDIST_RUNTIME_API_VERSION 4
+// 5: communication buffers held outside the caching allocator (comm_buffer_*).
+#define NPUDIST_RUNTIME_API_VERSION 5
 #define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
 #define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
 
@@ -132,6 +133,19 @@ typedef struct NpudistRuntimeApi {
   // Work enqueued on `stream` after this call runs only after `event` completed; the host does not block
   // (aclrtStreamWaitEvent). An event never recorded is complete.
   npudist_status (*stream_wait_event)(NpudistEvent event, int device, int64_t stream);
+
+  // --- Version 5 ---
+  // Device memory a collective communicator holds outside the caching allocator (HCCL: 2 x HCCL_BUFFSIZE per
+  // communicator, aclrtMalloc'ed by HCCL on Ascend). The emulated device accounts for it without mapping it:
+  // the allocator's segments must fit beside it, and mem_get_info, npu-smi and out-of-memory messages count
+  // it. `owner` describes the holder in messages. NPUDIST_ERROR_OUT_OF_MEMORY (last_error() says how much is
+  // free and who holds what) when it does not fit on the device.
+  npudist_status (*comm_buffer_charge)(int device, uint64_t bytes, const char* owner, uint64_t* handle);
+  npudist_status (*comm_buffer_release)(uint64_t handle);  // an unknown handle is ignored
+  uint64_t (*comm_buffer_bytes)(int device);               // held on `device` now (0 for a bad index)
+  // Who holds them on `device` ("" when nothing), NUL-terminated into buf (truncated to len); returns the
+  // length of the whole description.
+  uint64_t (*comm_buffer_describe)(int device, char* buf, uint64_t len);
 } NpudistRuntimeApi;
 
 // The runtime linked into npudist._C (the emulated one). Never null.

@@ -16,13 +16,18 @@ namespace npudist::hccl {
 
 namespace {
 
-const char* const kConfigKeys = "hccl_buffer_size (MB), hccl_connect_timeout (s)";
+const char* const kConfigKeys = "hccl_buffer_size (MB), hccl_exec_timeout (s), hccl_connect_timeout (s)";
 
+int64_t seconds(std::chrono::milliseconds t) {
+  return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(t).count());
+}
+
+// The keys set (0: not set, the environment decides), as torch_npu's hccl_config reads back.
 py::dict get_config(const HCCLOptions& o) {
   py::dict d;
   d["hccl_buffer_size"] = static_cast<int64_t>(o.buffer_bytes >> 20);
-  d["hccl_connect_timeout"] =
-      static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(o.connect_timeout).count());
+  d["hccl_exec_timeout"] = seconds(o.exec_timeout);
+  d["hccl_connect_timeout"] = seconds(o.connect_timeout);
   return d;
 }
 
@@ -41,6 +46,8 @@ void set_config(HCCLOptions& o, const py::dict& d) {
     const std::string key = py::str(item.first);
     if (key == "hccl_buffer_size") {
       o.buffer_bytes = static_cast<size_t>(positive_int(item.second, key)) << 20;
+    } else if (key == "hccl_exec_timeout") {
+      o.exec_timeout = std::chrono::seconds(positive_int(item.second, key));
     } else if (key == "hccl_connect_timeout") {
       o.connect_timeout = std::chrono::seconds(positive_int(item.second, key));
     } else {
@@ -88,8 +95,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property(
           "hccl_config", [](const HCCLOptions& o) { return get_config(o); },
           [](HCCLOptions& o, const py::dict& d) { set_config(o, d); },
-          "Backend settings: hccl_buffer_size (MB, per-rank staging buffer; default HCCL_BUFFSIZE), "
-          "hccl_connect_timeout (s; default HCCL_CONNECT_TIMEOUT).")
+          "Backend settings (torch_npu's keys): hccl_buffer_size (MB; the communicator holds 2 x it on each npu "
+          "device it uses; default HCCL_BUFFSIZE, 200), hccl_exec_timeout (s; this group's op timeout, default "
+          "HCCL_EXEC_TIMEOUT), hccl_connect_timeout (s; default HCCL_CONNECT_TIMEOUT, 120).")
       .def_readwrite("_timeout_from_user", &HCCLOptions::timeout_from_user)
       .def_readwrite("group_desc", &HCCLOptions::group_desc)
       .def("__copy__", [](const HCCLOptions& o) { return c10::make_intrusive<HCCLOptions>(o); })
@@ -113,6 +121,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("local_size", [](ProcessGroupHCCL& p) { return p.topology().local_size(); })
       .def_property_readonly("timeout", &ProcessGroupHCCL::timeout)
       .def_property_readonly("buffer_bytes", &ProcessGroupHCCL::buffer_bytes)
+      .def_property_readonly("staging_bytes", &ProcessGroupHCCL::staging_bytes)
+      .def_property_readonly("device_buffer_bytes", &ProcessGroupHCCL::device_buffer_bytes)
+      .def_property_readonly("charged_devices", &ProcessGroupHCCL::charged_devices)
+      .def_property_readonly("deterministic", &ProcessGroupHCCL::deterministic)
       .def_property_readonly("uses_gloo", [](ProcessGroupHCCL& p) { return p.communicator_kind() != "shm"; })
       .def_property_readonly("communicator", &ProcessGroupHCCL::communicator_kind)
       // torch calls this on ranks outside a new_group when the default group has a bound device

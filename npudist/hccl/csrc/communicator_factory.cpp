@@ -56,6 +56,13 @@ std::unique_ptr<comm::Communicator> connect_shm(const CommunicatorSetup& s) {
   StoreBootstrap boot(s.store, s.key_prefix + "eng/n" + std::to_string(topo.node) + "/", s.connect_timeout);
   try {
     return std::make_unique<ShmCommunicator>(ShmEngine::connect(cfg, boot));
+  } catch (const EngineError& e) {
+    if (e.kind == ErrorKind::kTimeout) throw ConnectTimeout(e.what(), e.ranks);
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("hccl: connecting the shared-memory communicator of group '", s.group_name,
+                             "' failed on rank ", topo.rank, ": ", e.what()));
+  } catch (const c10::DistStoreError& e) {
+    throw ConnectTimeout(e.what(), {});  // a peer's connect-time keys never appeared
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError,
                     c10::str("hccl: connecting the shared-memory communicator of group '", s.group_name,

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,14 @@ struct CommunicatorSetup {
   std::chrono::milliseconds connect_timeout{0};
 };
 
-// The shared-memory engine's per-rank staging buffer when neither hccl_config nor HCCL_BUFFSIZE sets one.
+// A communicator whose peers did not all connect within the connect timeout (HCCL_CONNECT_TIMEOUT). `ranks`:
+// the global ranks that did not arrive, when the communicator knows them.
+struct ConnectTimeout : std::runtime_error {
+  ConnectTimeout(const std::string& what, std::vector<int> who) : std::runtime_error(what), ranks(std::move(who)) {}
+  std::vector<int> ranks;
+};
+
+// The shared-memory engine's per-rank staging buffer, the most HCCL_BUFFSIZE / hccl_buffer_size may give it.
 size_t default_buffer_bytes();
 
 // NPUDIST_HCCL_COMMUNICATOR: "auto" (default: by topology) or "gloo" (the whole group over Gloo). A bad
@@ -34,7 +42,8 @@ bool gloo_communicator_forced();
 
 // Gloo alone when forced; else shared memory when the group lives on one node, else hierarchical (shared
 // memory inside each node, Gloo among all ranks and among node leaders). A failure to connect is a
-// DistBackendError naming the group and the rank.
+// DistBackendError naming the group and the rank; ConnectTimeout when peers of the shared-memory
+// communicator did not arrive in time.
 std::unique_ptr<comm::Communicator> make_communicator(const CommunicatorSetup& setup, bool gloo_only);
 
 }  // namespace npudist::hccl

@@ -119,6 +119,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
   if (device >= 0) {
     TORCH_CHECK(api != nullptr,
                 "hccl: npu tensors need the device runtime; `import npudist` before using them");
+    // The communicator's buffers on this device (device_buffers.cpp), before the op takes a sequence number.
+    if (!(charged_mask_.load(std::memory_order_relaxed) & (uint64_t{1} << device))) charge_device_buffers(device);
   }
   std::lock_guard<std::mutex> issue(issue_mu_);
   const uint64_t seq = spec.p2p ? ++p2p_seq_ : ++seq_;
@@ -232,10 +234,22 @@ std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, co
   if (comm_error) {
     const auto& ee = static_cast<const comm::CommError&>(e);
     switch (ee.kind) {
-      case comm::FailureKind::kTimeout:
-        kind = c10::str("timed out (group timeout of ", timeout_.count(), " ms)");
+      case comm::FailureKind::kTimeout: {
+        // EI0002 is CANN's code for a collective whose notify wait expired (HCCL_EXEC_TIMEOUT): the code
+        // Ascend users search their logs for, with CANN's reading of it.
+        std::string remote;
+        for (int r : ee.ranks) remote += (remote.empty() ? "" : ", ") + std::to_string(r);
+        kind = c10::str("timed out (group timeout of ", timeout_.count(), " ms): EI0002: the notify wait timed out "
+                        "after ", timeout_.count() / 1000.0, " s (", timeout_source_,
+                        "): no notify record from remote rank [", remote.empty() ? std::string("?") : remote,
+                        "]. The remote rank skipped or reordered this collective, is stuck or much slower, or "
+                        "exited; check its own error first (the flight recorder, TORCH_HCCL_DUMP_ON_TIMEOUT=1, "
+                        "shows what each rank issued), or raise ", timeout_source_ == "HCCL_EXEC_TIMEOUT" ||
+                        timeout_source_ == "the default group timeout" ? std::string("HCCL_EXEC_TIMEOUT")
+                        : timeout_source_, " if the ranks are only far apart. The engine says");
         error_type_ = static_cast<int>(c10d::ErrorType::TIMEOUT);
         break;
+      }
       case comm::FailureKind::kPeerDied: kind = "failed: a peer process died"; break;
       case comm::FailureKind::kMismatch: kind = "failed: ranks called mismatched collectives"; break;
       case comm::FailureKind::kAborted: kind = "was aborted"; break;

@@ -2,6 +2,8 @@
 #pragma once
 #include <c10/util/Exception.h>
 
+#include <string>
+
 #include "npudist/launch_c_api.h"
 #include "npudist/runtime_c_api.h"
 
@@ -28,6 +30,11 @@ void set_launch_api(const NpudistLaunchApi* api);
 const NpudistLaunchApi* launch_api();
 // An integer environment variable; a malformed value is a ValueError naming the variable.
 int env_int(const char* name, int fallback);
+// CANN's default HCCL_BUFFSIZE (MB).
+constexpr int kDefaultHcclBufferMb = 200;
+// HCCL_DETERMINISTIC: "false" (default), "true" or "strict"; anything else is a ValueError. Every level gets
+// the engine's one reduction order (docs/hccl.md, "Determinism").
+std::string deterministic_level();
 
 }  // namespace npudist::hccl
 

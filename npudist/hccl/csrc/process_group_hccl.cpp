@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,16 @@ int env_int(const char* name, int fallback) {
   TORCH_CHECK_VALUE(end && *end == '\0', "environment variable ", name, "='", v,
                     "' is not an integer; unset it or give a whole number");
   return static_cast<int>(x);
+}
+
+std::string deterministic_level() {
+  const char* v = std::getenv("HCCL_DETERMINISTIC");
+  std::string s = v ? v : "";
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s.empty()) return "false";
+  TORCH_CHECK_VALUE(s == "false" || s == "true" || s == "strict", "environment variable HCCL_DETERMINISTIC='", v,
+                    "' is not a determinism level; use false, true or strict");
+  return s;
 }
 
 namespace {
@@ -88,19 +99,45 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
       options_(std::move(options)),
       coll_lane_("hccl_coll") {
   TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "invalid rank ", rank, " for size ", size);
+  // The op timeout: the group's (timeout=, 30 min by default); HCCL_EXEC_TIMEOUT when no timeout was given;
+  // hccl_config['hccl_exec_timeout'] for this group, or the group's timeout= when that is shorter (on Ascend
+  // the device's execution timer and the watchdog's both run: the first to expire fails the op).
   timeout_ = options_->timeout;
+  timeout_source_ = options_->timeout_from_user ? "the group's timeout" : "the default group timeout";
   const int exec_s = env_int("HCCL_EXEC_TIMEOUT", -1);
-  if (!options_->timeout_from_user && exec_s > 0) timeout_ = std::chrono::seconds(exec_s);
+  if (options_->exec_timeout.count() > 0) {
+    if (!options_->timeout_from_user || options_->exec_timeout < timeout_) {
+      timeout_ = options_->exec_timeout;
+      timeout_source_ = "hccl_config['hccl_exec_timeout']";
+    }
+  } else if (!options_->timeout_from_user && exec_s > 0) {
+    timeout_ = std::chrono::seconds(exec_s);
+    timeout_source_ = "HCCL_EXEC_TIMEOUT";
+  }
   connect_timeout_ = options_->connect_timeout.count() > 0
                          ? options_->connect_timeout
                          : std::chrono::milliseconds(std::chrono::seconds(env_int("HCCL_CONNECT_TIMEOUT", 120)));
-  buffer_bytes_ = options_->buffer_bytes;
-  if (buffer_bytes_ == 0) {
-    int mb = env_int("HCCL_BUFFSIZE", 0);
-    TORCH_CHECK_VALUE(mb >= 0, "HCCL_BUFFSIZE must be a positive number of MB, got ", mb);
-    buffer_bytes_ = mb > 0 ? static_cast<size_t>(mb) << 20 : default_buffer_bytes();
+  // CANN's buffer size sets the device memory the communicator holds (2 x it, device_buffers.cpp); the
+  // engine's staging buffer in shared memory needs no more than its own default to run at full speed.
+  hccl_buffer_bytes_ = options_->buffer_bytes;
+  buffer_source_ = "hccl_config['hccl_buffer_size']";
+  if (hccl_buffer_bytes_ == 0) {
+    const int mb = env_int("HCCL_BUFFSIZE", kDefaultHcclBufferMb);
+    TORCH_CHECK_VALUE(mb > 0, "HCCL_BUFFSIZE must be a positive number of MB, got ", mb);
+    hccl_buffer_bytes_ = static_cast<size_t>(mb) << 20;
+    buffer_source_ = "HCCL_BUFFSIZE";
   }
-  async_error_handling_ = env_int("TORCH_HCCL_ASYNC_ERROR_HANDLING", 1);
+  buffer_bytes_ = std::min(hccl_buffer_bytes_, default_buffer_bytes());
+  deterministic_ = deterministic_level();
+  // HCCL_ASYNC_ERROR_HANDLING is torch_npu's older name of the same switch (deprecated there, still read).
+  const int legacy_handling = env_int("HCCL_ASYNC_ERROR_HANDLING", -1);
+  async_error_handling_ = env_int("TORCH_HCCL_ASYNC_ERROR_HANDLING", legacy_handling >= 0 ? legacy_handling : 1);
+  const char* current_name = std::getenv("TORCH_HCCL_ASYNC_ERROR_HANDLING");
+  if (legacy_handling >= 0 && (!current_name || !*current_name)) {  // an empty value is unset (env_int)
+    TORCH_WARN_ONCE("HCCL_ASYNC_ERROR_HANDLING is deprecated, use TORCH_HCCL_ASYNC_ERROR_HANDLING instead");
+  }
+  monitoring_ = env_int("TORCH_HCCL_ENABLE_MONITORING", 0) != 0;
+  heartbeat_timeout_ = std::chrono::seconds(std::max(1, env_int("TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC", 600)));
   blocking_wait_ = env_int("TORCH_HCCL_BLOCKING_WAIT", 0) != 0;
   dump_on_timeout_ = env_int("TORCH_HCCL_DUMP_ON_TIMEOUT", 0) != 0;
   global_rank_ = env_int("RANK", rank);
@@ -131,17 +168,26 @@ void ProcessGroupHCCL::connect() {
   try {
     store_->wait(keys, connect_timeout_);
   } catch (const std::exception& e) {
-    C10_THROW_ERROR(DistBackendError,
-                    c10::str("hccl: rank ", rank_, " of group '", options_->group_name,
-                             "' waited ", connect_timeout_.count(),
-                             " ms (HCCL_CONNECT_TIMEOUT) for all ranks to join: ", e.what()));
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) {
+      try {
+        if (!store_->check({keys[r]})) missing.push_back(r);
+      } catch (const std::exception&) {
+        missing.push_back(r);  // the store itself is gone: nobody can be confirmed
+      }
+    }
+    throw_connect_timeout(missing, e.what());
   }
   for (int r = 0; r < size_; ++r) ids[r] = from_bytes(store_->get(keys[r]));
   topo_ = build_topology(rank_, ids);
 
   // 2. A name unique to this job and group: rank 0 draws a token, everyone reads it.
   if (rank_ == 0) store_->set(ns + "token", to_bytes(random_token() + "_" + std::to_string(getpid())));
-  store_->wait({ns + "token"}, connect_timeout_);
+  try {
+    store_->wait({ns + "token"}, connect_timeout_);
+  } catch (const std::exception& e) {
+    throw_connect_timeout({0}, e.what());
+  }
   const std::string token = from_bytes(store_->get(ns + "token"));
   // NPUDIST_JOB_ID (optional) prefixes the name, so a job's segments in /dev/shm are recognisable.
   std::string job;
@@ -166,7 +212,36 @@ void ProcessGroupHCCL::connect() {
   setup.buffer_bytes = buffer_bytes_;
   setup.timeout = timeout_;
   setup.connect_timeout = connect_timeout_;
-  comm_ = make_communicator(setup, gloo_only);
+  try {
+    comm_ = make_communicator(setup, gloo_only);
+  } catch (const ConnectTimeout& e) {
+    std::vector<int> missing;  // the engine names global ranks; the message names group ranks
+    for (int g : e.ranks) {
+      const auto& gr = setup.global_ranks;
+      const auto it = std::find(gr.begin(), gr.end(), g);
+      missing.push_back(it == gr.end() ? g : static_cast<int>(it - gr.begin()));
+    }
+    throw_connect_timeout(missing, e.what());
+  }
+}
+
+void ProcessGroupHCCL::throw_connect_timeout(const std::vector<int>& missing, const std::string& detail) {
+  std::string who;
+  for (int r : missing) {
+    const auto& g = options_->global_ranks_in_group;
+    who += (who.empty() ? "" : ", ") + std::to_string(static_cast<int>(g.size()) == size_ ? g[r] : r);
+  }
+  // EI0006 is CANN's code for a communicator whose links were not set up in time: the code Ascend users
+  // search their logs for, with CANN's reading of it.
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("hccl: EI0006: getting the socket connections of the communicator of group '",
+                           options_->group_name, "' timed out on rank ", global_rank_, " after ",
+                           connect_timeout_.count() / 1000.0, " s (HCCL_CONNECT_TIMEOUT): ",
+                           missing.empty() ? std::string("a peer") : "ranks [" + who + "]",
+                           " of its ", size_, " did not join. A rank that does not create this group (every rank "
+                           "must call init_process_group/new_group in the same order), that is still busy, or "
+                           "that exited leaves the others waiting; raise HCCL_CONNECT_TIMEOUT (default 120 s) "
+                           "when ranks reach the group far apart. (", detail, ")"));
 }
 
 ProcessGroupHCCL::~ProcessGroupHCCL() {
@@ -181,8 +256,10 @@ ProcessGroupHCCL::~ProcessGroupHCCL() {
     std::lock_guard<std::mutex> g(p2p_mu_);
     for (auto& kv : p2p_lanes_) kv.second->stop();
   }
+  if (monitor_.joinable()) monitor_.join();
   terminated_ = true;
   comm_.reset();  // unlinks the shared-memory segments
+  release_device_buffers();
 }
 
 void ProcessGroupHCCL::setTimeout(std::chrono::milliseconds timeout) {
@@ -212,10 +289,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(
   auto child = c10::make_intrusive<HCCLOptions>(options_->timeout);
   child->buffer_bytes = options_->buffer_bytes;
   child->connect_timeout = options_->connect_timeout;
+  child->exec_timeout = options_->exec_timeout;
   child->timeout_from_user = options_->timeout_from_user;
   if (auto h = c10::dynamic_intrusive_pointer_cast<HCCLOptions>(opts)) {
     child->buffer_bytes = h->buffer_bytes;
     child->connect_timeout = h->connect_timeout;
+    child->exec_timeout = h->exec_timeout;
   }
   if (opts) {
     child->timeout = opts->timeout;

@@ -35,8 +35,9 @@ namespace npudist::hccl {
 struct HCCLOptions : c10d::Backend::Options {
   explicit HCCLOptions(std::chrono::milliseconds timeout = kBackendDefaultTimeout)
       : Options("hccl", timeout) {}
-  size_t buffer_bytes = 0;                            // 0: HCCL_BUFFSIZE (MB) or the engine default
+  size_t buffer_bytes = 0;                            // hccl_buffer_size; 0: HCCL_BUFFSIZE (MB, default 200)
   std::chrono::milliseconds connect_timeout{0};       // 0: HCCL_CONNECT_TIMEOUT (s) or 120 s
+  std::chrono::milliseconds exec_timeout{0};          // hccl_exec_timeout; 0: HCCL_EXEC_TIMEOUT rules
   bool timeout_from_user = true;                      // false: HCCL_EXEC_TIMEOUT may override
 };
 
@@ -77,6 +78,9 @@ class ProcessGroupHCCL : public c10d::Backend {
   at::Tensor allocateTensor(long size, at::TensorOptions options) override;
   bool supportsTensorAlloc(c10::DeviceIndex device_index) override;
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // init_process_group(device_id=...): the communicator's device buffers are charged there now, as NCCL and
+  // HCCL create the communicator eagerly (device_buffers.cpp).
+  void eagerConnectSingleDevice(at::Device device) override;
   void setSequenceNumberForGroup() override { seq_ = 0; }
   uint64_t getSequenceNumberForGroup() override { return seq_; }
   void setGroupUid(const std::string& pg_uid) override;
@@ -144,7 +148,16 @@ class ProcessGroupHCCL : public c10d::Backend {
   // Collectives of the intra-node communicator that ran zero-copy (npu tensors in shareable memory).
   uint64_t zero_copy_ops() const { return comm_ ? comm_->zero_copy_ops() : 0; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  size_t buffer_bytes() const { return buffer_bytes_; }
+  // CANN's HCCL_BUFFSIZE for this communicator (hccl_config['hccl_buffer_size'] or HCCL_BUFFSIZE, MB -> bytes).
+  size_t buffer_bytes() const { return hccl_buffer_bytes_; }
+  // The shared-memory engine's real per-rank staging buffer: min(buffer_bytes, the engine's 8 MB).
+  size_t staging_bytes() const { return buffer_bytes_; }
+  // Device memory the communicator holds on each npu device it used: 2 x buffer_bytes (docs/hccl.md).
+  size_t device_buffer_bytes() const { return 2 * hccl_buffer_bytes_; }
+  // npu devices whose buffers are charged now.
+  std::vector<int> charged_devices();
+  // HCCL_DETERMINISTIC as read at construction ("false", "true" or "strict").
+  const std::string& deterministic() const { return deterministic_; }
   // "shm", "gloo" or "hierarchical": the group's Communicator.
   std::string communicator_kind() const { return comm_ ? comm_->kind() : "none"; }
 
@@ -163,6 +176,14 @@ class ProcessGroupHCCL : public c10d::Backend {
   Lane& p2p_lane(int peer, bool is_send);
   void start_watchdog();
   void watchdog_loop();
+  // device_buffers.cpp: the charge of 2 x HCCL_BUFFSIZE on an npu device, made when the group first moves
+  // npu tensors of that device (or eagerly); torch.OutOfMemoryError when the device has no room for it.
+  void charge_device_buffers(int device);
+  void release_device_buffers();
+  // connect(): the EI0006 error of a communicator whose peers did not all join in time.
+  [[noreturn]] void throw_connect_timeout(const std::vector<int>& missing, const std::string& detail);
+  // The op timeout and what set it, for EI0002 messages ("HCCL_EXEC_TIMEOUT", ...).
+  std::string timeout_source_;
 
   // The ops as Communicator calls (communicator_calls.cpp): reduce-op mapping, counts, the ordering stream.
   comm::Stream stream_of(const at::Tensor& t);
@@ -192,7 +213,12 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<HCCLOptions> options_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds connect_timeout_;
-  size_t buffer_bytes_ = 0;
+  size_t buffer_bytes_ = 0;       // engine staging buffer
+  size_t hccl_buffer_bytes_ = 0;  // HCCL_BUFFSIZE / hccl_buffer_size
+  std::string buffer_source_;     // which of the two set it, for messages
+  std::mutex charge_mu_;
+  std::atomic<uint64_t> charged_mask_{0};             // bit d: device d charged (fast path of launch)
+  std::vector<std::pair<int, uint64_t>> charges_;     // (device, runtime handle), under charge_mu_
   Topology topo_;
   std::string comm_name_;
   std::unique_ptr<comm::Communicator> comm_;  // null once shut down
@@ -234,6 +260,15 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::mutex split_mu_;
   std::string last_split_name_;
   c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
+
+  // TORCH_HCCL_ENABLE_MONITORING: a thread that ends the process when the watchdog stops beating for
+  // TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC (the watchdog itself stuck, e.g. writing a dump to a hung file system).
+  bool monitoring_ = false;
+  std::chrono::seconds heartbeat_timeout_{600};
+  std::atomic<uint64_t> heartbeat_{0};
+  std::thread monitor_;
+  void monitor_loop();
+  std::string deterministic_;
 
   std::atomic<bool> aborted_{false};
   std::atomic<bool> terminated_{false};  // shut down or destroyed

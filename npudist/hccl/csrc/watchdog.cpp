@@ -2,6 +2,7 @@
 // abort() and shutdown().
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -33,6 +34,41 @@ void ProcessGroupHCCL::on_work_done(WorkHCCL* w) {
 
 void ProcessGroupHCCL::start_watchdog() {
   watchdog_ = std::thread([this] { watchdog_loop(); });
+  if (monitoring_) monitor_ = std::thread([this] { monitor_loop(); });
+}
+
+// torch_npu's heartbeat monitor: the watchdog beats every loop; if it stops for TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC
+// it is stuck (in a dump, a store call, an abort), so no error will ever be handled: end the process, so the
+// launcher sees a failure instead of a job that hangs.
+void ProcessGroupHCCL::monitor_loop() {
+  pthread_setname_np(pthread_self(), "hccl_monitor");
+  std::unique_lock<std::mutex> lk(works_mu_);
+  const auto check = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), heartbeat_timeout_ / 2);
+  uint64_t last = heartbeat_.load();
+  auto since = std::chrono::steady_clock::now();
+  while (!watchdog_stop_) {
+    watchdog_cv_.wait_for(lk, check);
+    if (watchdog_stop_) break;
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t beat = heartbeat_.load();
+    if (beat != last) {
+      last = beat;
+      since = now;
+      continue;
+    }
+    if (now - since < heartbeat_timeout_) continue;
+    lk.unlock();
+    fprintf(stderr,
+            "[rank %d] hccl heartbeat monitor: the watchdog of group '%s' made no progress for %lld s "
+            "(TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC=%lld): it is stuck, so no failure of the group would be handled; "
+            "terminating the process (TORCH_HCCL_ENABLE_MONITORING=1)\n",
+            global_rank_, options_->group_name.c_str(),
+            static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(now - since).count()),
+            static_cast<long long>(heartbeat_timeout_.count()));
+    fflush(stderr);
+    if (comm_) comm_->abort("heartbeat monitor: the watchdog is stuck");  // peers fail at once, not at timeout
+    std::_Exit(1);
+  }
 }
 
 void ProcessGroupHCCL::watchdog_loop() {
@@ -42,6 +78,7 @@ void ProcessGroupHCCL::watchdog_loop() {
   auto last_signal_check = std::chrono::steady_clock::now();
   while (!watchdog_stop_) {
     watchdog_cv_.wait_for(lk, std::chrono::milliseconds(200));
+    heartbeat_.fetch_add(1, std::memory_order_relaxed);
     if (watchdog_stop_) break;
     std::vector<c10::intrusive_ptr<WorkHCCL>> failed;
     const auto now = std::chrono::steady_clock::now();
@@ -162,7 +199,9 @@ void ProcessGroupHCCL::shutdown() {
     watchdog_cv_.notify_all();
   }
   if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
+  if (monitor_.joinable() && monitor_.get_id() != std::this_thread::get_id()) monitor_.join();
   comm_.reset();
+  release_device_buffers();
 }
 
 
