@@ -54,7 +54,8 @@ def launch(workdir: str, name: str, capacity: int, blocks: str, state: str, step
         os.remove(metrics)
     with open(os.path.join(run, "plan.yaml"), "w") as f:
         f.write(PLAN.format(steps=steps, metrics=metrics, blocks=blocks, state=state))
-    env = dict(os.environ, NPUDIST_DEVICE_MEMORY=str(capacity), OMP_NUM_THREADS="1",
+    # HCCL_BUFFSIZE=1: 2 MiB of communicator buffers (CANN's 200 MB default does not fit the small device)
+    env = dict(os.environ, NPUDIST_DEVICE_MEMORY=str(capacity), OMP_NUM_THREADS="1", HCCL_BUFFSIZE="1",
                NPUDIST_DATA_CACHE=os.path.join(workdir, "cache"))
     cmd = [sys.executable, "-m", "npudist.launch", "--nproc", str(nproc), TRAIN, "--config",
            os.path.join(run, "plan.yaml")]
