@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .tensor_ops import _out_form
+
 
 def _conv(op, ranks, input, weight, bias, stride, padding, dilation, groups, transposed, output_padding):
     if input.dim() not in ranks or weight.dim() != input.dim():
@@ -53,15 +55,6 @@ def npu_conv_transpose2d(input, weight, bias, padding, output_padding, stride, d
 def npu_convolution_transpose(input, weight, bias, padding, output_padding, stride, dilation, groups):
     return _conv("npu_convolution_transpose", (4, 5), input, weight, bias, stride, padding, dilation, groups, True,
                  output_padding)
-
-
-def _out_form(fn):
-    def run(*args, out):
-        result = fn(*args)
-        if out.shape != result.shape:
-            out.resize_(result.shape)
-        return out.copy_(result)
-    return run
 
 
 _FORWARD = "(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups"

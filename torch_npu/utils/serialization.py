@@ -29,7 +29,9 @@ def save_async(obj: object, f, pickle_module=pickle, pickle_protocol: int = DEFA
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"save_async: model must be an nn.Module or None, got {type(model).__name__}")
     current = torch.npu.current_stream()
-    side = _streams.setdefault(current.device_index, torch.npu.Stream(current.device_index))
+    side = _streams.get(current.device_index)
+    if side is None:    # one side stream per device, made on first use
+        side = _streams[current.device_index] = torch.npu.Stream(current.device_index)
     side.wait_stream(current)
     with torch.npu.stream(side):
         host = tree_map(lambda t: _to_host(t, side), obj)
