@@ -136,8 +136,13 @@ def _tp_plan(model, layout, tp_cfg):
     return build_moe_tp_plan(model, tp_cfg.sequence_parallel, tp_cfg.loss_parallel)
 
 
+def _describe_tp(tp_degree: int, seq_len: int) -> list[str]:
+    return [f"each tp rank routes its {seq_len // tp_degree} of {seq_len} tokens per sequence; router gate and "
+            "experts replicated over tp (gradients summed), shared expert split column/row-wise"]
+
+
 MOE_SPEC = ModelSpec(
     name="moe", build=_build, layout=moe_layout, check=check_moe, tp_plan=_tp_plan,
     fsdp_units=("layers.*",), supports_pipeline=False, supports_context_parallel=True,
-    experts=lambda cfg: cfg.n_experts, config_cls=MoEConfig,
+    experts=lambda cfg: cfg.n_experts, config_cls=MoEConfig, describe_tp=_describe_tp,
     description="built-in mixture-of-experts decoder (DeepSeek-V3 / Qwen3-MoE style), npudist.models.moe")

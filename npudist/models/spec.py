@@ -19,6 +19,8 @@ A ``ModelSpec`` (torchtitan's TrainSpec is the model) bundles
   for ``npudist.ep.apply_ep``, which shards their ``[n_experts, ...]`` weights over ep and gives each a
   dispatcher (``npudist_dispatch``) and gradient factor (``npudist_grad_scale``) that their forward uses
   (None: the ``npudist.models.moe`` layers);
+* ``describe_tp(tp_degree, seq_len) -> [line, ...]``: what the built-in tensor-parallel plan does beyond
+  splitting weights, for ``npudist plan check`` (None: nothing to add);
 * ``config_cls``: the dataclass of the plan's ``model`` section for this spec (None: ``ModelConfig``); a
   spec with fields of its own (``moe``: n_experts, top_k, ...) subclasses ``ModelConfig``.
 
@@ -96,6 +98,7 @@ class ModelSpec:
     experts: Callable | None = None
     expert_parallel: Callable | None = None
     config_cls: type | None = None
+    describe_tp: Callable | None = None
     description: str = ""
 
 

@@ -95,10 +95,9 @@ def _summary(plan: Plan, degrees: ParallelDegrees, source: str) -> list[str]:
     n_exp = spec.experts(m) if spec.experts is not None else 0
     if n_exp:
         lines.append(f"experts   {n_exp} routed per MoE layer; {n_exp // degrees.ep} per rank (ep={degrees.ep})")
-        if degrees.tp > 1 and m.name == "moe":   # npudist.models.tp_plan.build_moe_tp_plan
-            lines.append(f"          tp groups {_groups(degrees, 'tp')}: each tp rank routes its "
-                         f"{d.seq_len // degrees.tp} of {d.seq_len} tokens per sequence; router gate and experts "
-                         "replicated over tp (gradients summed), shared expert split column/row-wise")
+        if degrees.tp > 1 and spec.describe_tp is not None:
+            lines += [f"          tp groups {_groups(degrees, 'tp')}: {line}"
+                      for line in spec.describe_tp(degrees.tp, d.seq_len)]
     if degrees.pp > 1:
         stages = par.pp.num_stages(degrees.pp)
         mb = par.pp.resolved_microbatches(degrees.pp)
