@@ -3,7 +3,7 @@
 // memcpy bandwidth measured in the same run. For tuning the engine; benchmarks/collectives.py is the
 // user-facing hccl-vs-gloo comparison.
 //
-// Build: g++ -std=c++17 -O3 -pthread -Inpudist/hccl/engine benchmarks/engine_bench.cpp \
+// Build: g++ -std=c++17 -O3 -pthread -Inpudist/hccl/engine -Inpudist/hccl/csrc/include benchmarks/engine_bench.cpp \
 //            npudist/hccl/engine/*.cpp -o /tmp/engine_bench -lrt
 // Run:   /tmp/engine_bench [nranks=2] [ops=all_reduce,...] [max_mib=128] [VAR=VALUE]
 // With NPUDIST_BENCH_SHARED=1 the buffers live in memfd segments and the communicators get a shared
@@ -28,7 +28,7 @@
 
 #include "engine.h"
 
-using namespace npudist::hccl;
+using namespace npudist::shm;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -140,11 +140,11 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
       const size_t count = bytes / 4;
       ShmEngine* comm = comms[0].get();
       auto call = [&] {
-        OpInfo info{op.c_str(), ++seq};
-        if (op == "all_reduce") comm->all_reduce(in.data(), getenv("NPUDIST_BENCH_OUT_OF_PLACE") ? out.data() : in.data(), count, DataType::kFloat32, ReduceOp::kSum, info);
+        CollectiveInfo info{op.c_str(), ++seq};
+        if (op == "all_reduce") comm->all_reduce(in.data(), getenv("NPUDIST_BENCH_OUT_OF_PLACE") ? out.data() : in.data(), count, ElementType::kFloat32, Reduction::kSum, info);
         else if (op == "broadcast") comm->broadcast(out.data(), bytes, 0, info);
         else if (op == "all_gather") comm->all_gather(in.data(), out.data(), bytes / n, info);
-        else if (op == "reduce_scatter") comm->reduce_scatter(in.data(), out.data(), count / n, DataType::kFloat32, ReduceOp::kSum, info);
+        else if (op == "reduce_scatter") comm->reduce_scatter(in.data(), out.data(), count / n, ElementType::kFloat32, Reduction::kSum, info);
         else if (op == "all_to_all") {
           for (int j = 0; j < n; ++j) { counts[j] = bytes / n; offs[j] = j * (bytes / n); }
           comm->all_to_all(in.data(), counts.data(), offs.data(), out.data(), counts.data(), offs.data(), info);
@@ -157,7 +157,7 @@ void run_rank(int rank, int n, const std::string& dir, const std::vector<std::st
       for (int round = 0; round < 7; ++round) {
         for (size_t k = 0; k < comms.size(); ++k) {
           comm = comms[(k + round) % comms.size()].get();
-          comm->barrier(OpInfo{"barrier", ++seq});
+          comm->barrier(CollectiveInfo{"barrier", ++seq});
           auto t0 = Clock::now();
           for (int i = 0; i < iters; ++i) call();
           rounds[(k + round) % comms.size()].push_back(std::chrono::duration<double>(Clock::now() - t0).count() / iters);

@@ -124,6 +124,8 @@ def test_backends_doc_lists_every_host_memory_marker():
 
 HCCL = os.path.join(ROOT, "npudist", "hccl")
 COMM_INTERFACE = os.path.join("csrc", "include", "npudist", "communicator.h")
+# The collective vocabulary both the seam and the engine speak (element types, reductions, failures).
+COMM_TYPES = os.path.join("csrc", "include", "npudist", "comm_types.h")
 ENGINE_API = os.path.join("engine", "engine.h")
 # The engine adapted to the seam, and the factory that connects it: the only csrc files that see the engine.
 ENGINE_USERS = {os.path.join("csrc", n) for n in ("shm_communicator.h", "communicator_factory.cpp")}
@@ -148,24 +150,42 @@ def _code(text: str) -> str:
     return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
 
 
-def engine_type_names() -> set[str]:
-    """Every type the engine's public header declares (enums, structs, classes, aliases)."""
-    code = _code(_hccl_read(ENGINE_API))
+def declared_types(rel: str) -> set[str]:
+    """Every type a header declares (enums, structs, classes, aliases)."""
+    code = _code(_hccl_read(rel))
     return set(re.findall(r"\b(?:enum\s+class|struct|class)\s+(\w+)", code)) | \
         set(re.findall(r"\busing\s+(\w+)\s*=", code))
 
 
-def test_engine_type_detector_sees_the_engine_vocabulary():
-    assert {"DataType", "ReduceOp", "OpInfo", "EngineError", "ErrorKind", "ShmEngine"} <= engine_type_names()
+def _includes(rel: str) -> list[str]:
+    return re.findall(r'#\s*include\s*([<"][^>"]+[>"])', _code(_hccl_read(rel)))
+
+
+def test_type_detector_sees_both_vocabularies():
+    assert {"ShmEngine", "CommConfig", "Bootstrap"} <= declared_types(ENGINE_API)
+    assert {"ElementType", "Reduction", "FailureKind", "CommError", "CollectiveInfo"} <= declared_types(COMM_TYPES)
 
 
 def test_communicator_interface_names_no_engine_type():
     code = _code(_hccl_read(COMM_INTERFACE))
-    found = sorted(n for n in engine_type_names() if re.search(rf"\b{n}\b", code))
+    found = sorted(n for n in declared_types(ENGINE_API) if re.search(rf"\b{n}\b", code))
     assert not found, f"npudist/hccl/{COMM_INTERFACE} names engine types {found}; use the seam's own"
-    includes = re.findall(r'#\s*include\s*([<"][^>"]+[>"])', code)
-    assert all(i.startswith("<") and "/" not in i for i in includes), \
-        f"the communicator interface may include only standard headers, got {includes}"
+    includes = _includes(COMM_INTERFACE)
+    assert all((i.startswith("<") and "/" not in i) or i == '"npudist/comm_types.h"' for i in includes), \
+        f"the communicator interface may include only standard headers and the vocabulary, got {includes}"
+
+
+def test_one_collective_vocabulary_below_seam_and_engine():
+    """The engine implements the seam's types: it declares no element type, reduction or error of its own."""
+    assert all(i.startswith("<") and "/" not in i for i in _includes(COMM_TYPES)), _includes(COMM_TYPES)
+    assert '"npudist/comm_types.h"' in _includes(ENGINE_API)
+    engine_types = set()
+    for rel in _hccl_sources():
+        if rel.startswith("engine"):
+            engine_types |= declared_types(rel)
+    vocabulary = declared_types(COMM_TYPES)
+    twins = {"DataType", "ReduceOp", "ErrorKind", "EngineError", "OpInfo"}   # what a second vocabulary is called
+    assert not engine_types & (vocabulary | twins), sorted(engine_types & (vocabulary | twins))
 
 
 def test_only_the_shm_adapter_and_the_factory_include_the_engine():

@@ -16,7 +16,7 @@ namespace npudist::hccl {
 namespace {
 
 // The engine's connect-time exchange over the group's store (keys under a per-node prefix).
-struct StoreBootstrap : Bootstrap {
+struct StoreBootstrap : shm::Bootstrap {
   StoreBootstrap(c10::intrusive_ptr<c10d::Store> s, std::string p, std::chrono::milliseconds t)
       : store(std::move(s)), prefix(std::move(p)), timeout(t) {}
   void set(const std::string& key, const std::string& value) override {
@@ -35,7 +35,7 @@ struct StoreBootstrap : Bootstrap {
 // The node's shared-memory communicator over the group's ranks on the node.
 std::unique_ptr<comm::Communicator> connect_shm(const CommunicatorSetup& s) {
   const Topology& topo = s.topology;
-  CommConfig cfg;
+  shm::CommConfig cfg;
   cfg.name = s.name;
   cfg.rank = topo.local_rank;
   cfg.size = topo.local_size();
@@ -46,18 +46,18 @@ std::unique_ptr<comm::Communicator> connect_shm(const CommunicatorSetup& s) {
   const NpudistRuntimeApi* api = runtime_api();
   if (api && api->shared_memory_lookup) {
     auto lookup = api->shared_memory_lookup;
-    cfg.shared_resolver = [lookup](const void* p, size_t bytes, SharedBuffer* out) {
+    cfg.shared_resolver = [lookup](const void* p, size_t bytes, shm::SharedBuffer* out) {
       NpudistSharedRef r{};
       if (!lookup(p, bytes, &r)) return false;
-      *out = SharedBuffer{r.fd, r.segment_id, r.segment_size, r.offset, r.epoch};
+      *out = shm::SharedBuffer{r.fd, r.segment_id, r.segment_size, r.offset, r.epoch};
       return true;
     };
   }
   StoreBootstrap boot(s.store, s.key_prefix + "eng/n" + std::to_string(topo.node) + "/", s.connect_timeout);
   try {
-    return std::make_unique<ShmCommunicator>(ShmEngine::connect(cfg, boot));
-  } catch (const EngineError& e) {
-    if (e.kind == ErrorKind::kTimeout) throw ConnectTimeout(e.what(), e.ranks);
+    return std::make_unique<ShmCommunicator>(shm::ShmEngine::connect(cfg, boot));
+  } catch (const comm::CommError& e) {
+    if (e.kind == comm::FailureKind::kTimeout) throw ConnectTimeout(e.what(), e.ranks);
     C10_THROW_ERROR(DistBackendError,
                     c10::str("hccl: connecting the shared-memory communicator of group '", s.group_name,
                              "' failed on rank ", topo.rank, ": ", e.what()));
@@ -85,7 +85,7 @@ std::unique_ptr<comm::Communicator> connect_gloo(const CommunicatorSetup& s, con
 
 }  // namespace
 
-size_t default_buffer_bytes() { return CommConfig{}.buffer_bytes; }
+size_t default_buffer_bytes() { return shm::CommConfig{}.buffer_bytes; }
 
 bool gloo_communicator_forced() {
   const char* v = std::getenv("NPUDIST_HCCL_COMMUNICATOR");

@@ -1,4 +1,4 @@
-// all_to_all (single and list), gather, scatter, send/recv and barrier of ProcessGroupHCCL.
+// The exchange ops of ProcessGroupHCCL: all_to_all (single and list), gather and scatter.
 #include <functional>
 #include <numeric>
 
@@ -160,84 +160,5 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>
   };
   return launch(std::move(s));
 }
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  check_one(tensors, "send");
-  at::Tensor t = tensors[0];
-  check_tensor(t, "send", "tensor");
-  check_rank(dst, "send", "destination");
-  HCCL_SPEC(s, c10d::OpType::SEND, "send", {t}, {}, true);
-  s.dtype = c10::toString(t.scalar_type());
-  s.p2p = true;
-  s.is_send = true;
-  s.peer = dst;
-  s.body = [this, t, dst, tag](uint64_t) {
-    if (dst == rank_) send_to_self(t, tag);
-    else do_send(contiguous_of(t), dst, tag);
-  };
-  return launch(std::move(s));
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  check_one(tensors, "recv");
-  at::Tensor t = tensors[0];
-  check_tensor(t, "recv", "tensor");
-  check_rank(src, "recv", "source");
-  HCCL_SPEC(s, c10d::OpType::RECV, "recv", {}, {t}, true);
-  s.dtype = c10::toString(t.scalar_type());
-  s.p2p = true;
-  s.peer = src;
-  s.body = [this, t, src, tag](uint64_t) mutable {
-    if (src == rank_) return recv_from_self(t, tag);
-    at::Tensor c = contiguous_of(t);
-    do_recv(c, src, tag);
-    copy_back(t, c);
-  };
-  return launch(std::move(s));
-}
-
-void ProcessGroupHCCL::send_to_self(const at::Tensor& t, int tag) {
-  // A copy, as a send to a peer: the sender may change its tensor once the send completed.
-  at::Tensor copy = t.clone(at::MemoryFormat::Contiguous);
-  {
-    std::lock_guard<std::mutex> g(self_mu_);
-    self_box_.push_back(SelfMessage{tag, std::move(copy)});
-  }
-  self_cv_.notify_all();
-}
-
-void ProcessGroupHCCL::recv_from_self(at::Tensor& t, int tag) {
-  std::unique_lock<std::mutex> l(self_mu_);
-  if (!self_cv_.wait_for(l, timeout_, [&] { return !self_box_.empty(); })) {
-    TORCH_CHECK(false, "hccl recv: rank ", rank_, " waited ", timeout_.count(), " ms to receive from itself (tag ",
-                tag, ") but sent itself nothing; issue the send before waiting on the recv");
-  }
-  const SelfMessage& m = self_box_.front();
-  TORCH_CHECK_VALUE(m.tag == tag && m.data.numel() == t.numel() && m.data.scalar_type() == t.scalar_type(),
-                    "hccl recv: rank ", rank_, " receives from itself ", t.numel(), " elements of ",
-                    t.scalar_type(), " with tag ", tag, ", but the next message it sent itself has ",
-                    m.data.numel(), " elements of ", m.data.scalar_type(), " with tag ", m.tag,
-                    " (messages are matched in order; sizes, dtypes and tags must agree)");
-  at::Tensor data = m.data;
-  self_box_.pop_front();
-  l.unlock();
-  t.copy_(data.view(t.sizes()));
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOptions& opts) {
-  HCCL_SPEC(s, c10d::OpType::BARRIER, "barrier", {}, {}, opts.asyncOp);
-  s.body = [this](uint64_t seq) { do_barrier(seq); };
-  if (opts.timeout != c10d::kUnsetTimeout) {
-    // dist.barrier(timeout=...): the engine keeps the group's deadline, so this one goes through the store.
-    const auto timeout = opts.timeout;
-    s.body = [this, timeout](uint64_t seq) {
-      store_barrier(*store_, rank_, size_, seq, timeout,
-                    c10::str("barrier (seq ", seq, ") on group '", options_->group_name, "' (rank ", rank_, " of ",
-                             size_, ")"));
-    };
-  }
-  return launch(std::move(s));
-}
-
 
 }  // namespace npudist::hccl

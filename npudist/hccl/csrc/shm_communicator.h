@@ -1,6 +1,7 @@
-// ShmCommunicator: the shared-memory engine (one node) adapted to the communicator seam. The only place
-// where the seam's vocabulary meets the engine's (engine.h): element types, reductions and descriptors
-// are translated on the way in, EngineError becomes CommError on the way out. Torch-free.
+// ShmCommunicator: the shared-memory engine (one node) behind the communicator seam. The engine speaks the
+// seam's vocabulary (npudist/comm_types.h), so this only converts element counts to the engine's byte
+// counts for the data-movement ops and adds the stream argument the blocking engine does not need.
+// Torch-free.
 #pragma once
 #include <memory>
 
@@ -11,7 +12,7 @@ namespace npudist::hccl {
 
 class ShmCommunicator final : public comm::Communicator {
  public:
-  explicit ShmCommunicator(std::unique_ptr<ShmEngine> engine) : engine_(std::move(engine)) {}
+  explicit ShmCommunicator(std::unique_ptr<shm::ShmEngine> engine) : engine_(std::move(engine)) {}
 
   const char* kind() const override { return "shm"; }
   int rank() const override { return engine_->rank(); }
@@ -23,7 +24,7 @@ class ShmCommunicator final : public comm::Communicator {
   uint64_t zero_copy_ops() const override { return engine_->zero_copy_ops(); }
 
  private:
-  std::unique_ptr<ShmEngine> engine_;
+  std::unique_ptr<shm::ShmEngine> engine_;
 };
 
 }  // namespace npudist::hccl

@@ -4,16 +4,16 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comm.h"
+#include "shm_engine_impl.h"
 #include "memops.h"
 #include "reduce.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 // The messages are built only on failure: these checks run on every collective.
 [[noreturn]] void invalid(const std::string& msg) {
-  throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: " + msg);
+  throw CommError(FailureKind::kInvalidArgument, "npudist engine: " + msg);
 }
 
 void require(bool ok, const char* msg) {
@@ -45,15 +45,15 @@ bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
 
 }  // namespace
 
-void ShmEngineImpl::all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                                 const OpInfo& info, double scale) {
+void ShmEngineImpl::all_reduce(const void* in, void* out, size_t count, ElementType t, Reduction op,
+                                 const CollectiveInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
   if (count != 0 && !(in && out)) invalid("all_reduce got a null buffer for " + std::to_string(count) + " elements");
   OpDesc d = make_desc(OpKind::kAllReduce, info, count, -1);
   d.dtype = static_cast<uint8_t>(t);
   d.redop = static_cast<uint8_t>(op);
   d.scale = scale;
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * element_bytes(t);
   // In place or disjoint: each slice is read and written by one rank only.
   if (zc_candidate(bytes) && (in == out || !overlaps(in, bytes, out, bytes))) publish_shared(d, in, bytes, out, bytes);
   begin(d);
@@ -65,8 +65,8 @@ void ShmEngineImpl::all_reduce(const void* in, void* out, size_t count, DataType
   reduce_pipelined(in, out, count, t, op, -1, scale);
 }
 
-void ShmEngineImpl::reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
-                             const OpInfo& info, double scale) {
+void ShmEngineImpl::reduce(const void* in, void* out, size_t count, ElementType t, Reduction op, int root,
+                             const CollectiveInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
   check_root(root, size_);
   require(count == 0 || (in && (out || rank_ != root)), "reduce got a null buffer");
@@ -75,14 +75,14 @@ void ShmEngineImpl::reduce(const void* in, void* out, size_t count, DataType t, 
   d.redop = static_cast<uint8_t>(op);
   d.scale = scale;
   begin(d);
-  if (count * element_size(t) <= one_shot_bytes_) return reduce_one_shot(in, out, count, t, op, root, scale);
+  if (count * element_bytes(t) <= one_shot_bytes_) return reduce_one_shot(in, out, count, t, op, root, scale);
   reduce_pipelined(in, out, count, t, op, root, scale);
 }
 
 // root < 0: every rank receives the result (all_reduce).
-void ShmEngineImpl::reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_one_shot(const void* in, void* out, size_t count, ElementType t, Reduction op,
                                       int root, double scale) {
-  const size_t bytes = count * element_size(t);
+  const size_t bytes = count * element_bytes(t);
   if (bytes) std::memcpy(write_half(), in, bytes);
   sync();
   if (root >= 0 && root != rank_) return;
@@ -90,9 +90,9 @@ void ShmEngineImpl::reduce_one_shot(const void* in, void* out, size_t count, Dat
   if (count) reduce_buffers(t, op, srcs_.data(), size_, out, nullptr, count, scale);
 }
 
-void ShmEngineImpl::reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_pipelined(const void* in, void* out, size_t count, ElementType t, Reduction op,
                                        int root, double scale) {
-  const size_t es = element_size(t);
+  const size_t es = element_bytes(t);
   const size_t seg_max = segment_elems(reduce_pipe_bytes_, size_, es);
   const size_t align = std::max<size_t>(64 / es, 1);
   const size_t chunk_max = seg_max * size_;
@@ -134,7 +134,7 @@ void ShmEngineImpl::reduce_pipelined(const void* in, void* out, size_t count, Da
   if (count == 0) sync();  // zero-size ops still meet (arrival and mismatch check)
 }
 
-void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const OpInfo& info) {
+void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const CollectiveInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || buf, "broadcast got a null buffer");
   OpDesc d = make_desc(OpKind::kBroadcast, info, bytes, root);
@@ -157,7 +157,7 @@ void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const OpInfo& i
   if (bytes >= stream_bytes_) stream_fence();
 }
 
-void ShmEngineImpl::all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) {
+void ShmEngineImpl::all_gather(const void* in, void* out, size_t bytes, const CollectiveInfo& info) {
   require(bytes == 0 || (in && out), "all_gather got a null buffer");
   OpDesc d = make_desc(OpKind::kAllGather, info, bytes, -1);
   d.src_addr = reinterpret_cast<uint64_t>(in);
@@ -184,15 +184,15 @@ void ShmEngineImpl::all_gather(const void* in, void* out, size_t bytes, const Op
   if (bytes && cptr(in, 0) != mptr(out, rank_ * bytes)) std::memmove(mptr(out, rank_ * bytes), in, bytes);
 }
 
-void ShmEngineImpl::reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                                     const OpInfo& info, double scale) {
+void ShmEngineImpl::reduce_scatter(const void* in, void* out, size_t count, ElementType t, Reduction op,
+                                     const CollectiveInfo& info, double scale) {
   check_reduce_supported(t, op, scale);
   require(count == 0 || (in && out), "reduce_scatter got a null buffer");
   OpDesc d = make_desc(OpKind::kReduceScatter, info, count, -1);
   d.dtype = static_cast<uint8_t>(t);
   d.redop = static_cast<uint8_t>(op);
   d.scale = scale;
-  const size_t es = element_size(t);
+  const size_t es = element_bytes(t);
   // Peers read the other blocks of `in` while this rank writes `out`: `out` may only alias its own block.
   const bool out_ok = out == cptr(in, rank_ * count * es) || !overlaps(in, count * es * size_, out, count * es);
   if (zc_candidate(count * es * size_) && out_ok) publish_shared(d, in, count * es * size_, nullptr, 0);
@@ -227,7 +227,7 @@ size_t ShmEngineImpl::largest_split() const {
 
 void ShmEngineImpl::all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
                                  void* out, const size_t* recv_counts, const size_t* recv_offsets,
-                                 const OpInfo& info) {
+                                 const CollectiveInfo& info) {
   require(send_counts && send_offsets && recv_counts && recv_offsets, "all_to_all got null count/offset arrays");
   size_t mx = 0;
   for (int j = 0; j < size_; ++j) {
@@ -285,7 +285,7 @@ void ShmEngineImpl::all_to_all(const void* in, const size_t* send_counts, const 
   if (stream) stream_fence();
 }
 
-void ShmEngineImpl::gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
+void ShmEngineImpl::gather(const void* in, void* out, size_t bytes, int root, const CollectiveInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || (in && (out || rank_ != root)), "gather got a null buffer");
   OpDesc d = make_desc(OpKind::kGather, info, bytes, root);
@@ -306,7 +306,7 @@ void ShmEngineImpl::gather(const void* in, void* out, size_t bytes, int root, co
     std::memmove(mptr(out, rank_ * bytes), in, bytes);
 }
 
-void ShmEngineImpl::scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) {
+void ShmEngineImpl::scatter(const void* in, void* out, size_t bytes, int root, const CollectiveInfo& info) {
   check_root(root, size_);
   require(bytes == 0 || (out && (in || rank_ != root)), "scatter got a null buffer");
   OpDesc d = make_desc(OpKind::kScatter, info, bytes, root);
@@ -330,9 +330,9 @@ void ShmEngineImpl::scatter(const void* in, void* out, size_t bytes, int root, c
     std::memmove(out, cptr(in, root * bytes), bytes);
 }
 
-void ShmEngineImpl::barrier(const OpInfo& info) {
+void ShmEngineImpl::barrier(const CollectiveInfo& info) {
   begin(make_desc(OpKind::kBarrier, info, 0, -1));
   sync();
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

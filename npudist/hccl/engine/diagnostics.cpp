@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 bool has_reduce(OpKind k) {
@@ -55,8 +55,8 @@ std::string describe_op(const OpDesc& d) {
   if (d.kind == OpKind::kAllToAll) return s + ", max_split_bytes=" + std::to_string(d.extra) + ")";
   if (has_reduce(d.kind)) {
     s += ", count=" + std::to_string(d.count);
-    s += std::string(", dtype=") + dtype_name(static_cast<DataType>(d.dtype));
-    s += std::string(", op=") + reduce_op_name(static_cast<ReduceOp>(d.redop));
+    s += std::string(", dtype=") + element_type_name(static_cast<ElementType>(d.dtype));
+    s += std::string(", op=") + reduction_name(static_cast<Reduction>(d.redop));
     if (d.scale != 1.0) {
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%g", d.scale);
@@ -123,4 +123,4 @@ std::string check_all_to_all_counts(const Segment& seg, int n, int parity,
   return s;
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

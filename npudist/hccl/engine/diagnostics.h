@@ -6,7 +6,7 @@
 
 #include "transport.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 
 const char* op_kind_name(OpKind k);
 // e.g. "all_reduce(seq=3, count=10, dtype=float32, op=sum)".
@@ -21,4 +21,4 @@ std::string describe_mismatch(const Segment& seg, int n, int parity, const std::
 std::string check_all_to_all_counts(const Segment& seg, int n, int parity,
                                     const std::function<int(int)>& global, std::vector<int>* culprits);
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

@@ -15,10 +15,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "comm.h"
+#include "shm_engine_impl.h"
 #include "diagnostics.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 // The copy path for private (cpu) buffers is logged once per process: a refused probe always (collectives
@@ -64,7 +64,7 @@ void ShmEngineImpl::probe_peer_access() {
   if (mfd >= 0 && ftruncate(mfd, 4096) == 0) mpage = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
   if (mpage != MAP_FAILED) std::memcpy(mpage, const_cast<uint64_t*>(&token), sizeof(uint64_t));
   seg_->ctl(rank_)->probe_fd = mpage != MAP_FAILED ? mfd : -1;
-  OpDesc d = make_desc(OpKind::kBarrier, OpInfo{"connect", 0}, 0, -1);
+  OpDesc d = make_desc(OpKind::kBarrier, CollectiveInfo{"connect", 0}, 0, -1);
   d.extra = token;
   d.src_addr = reinterpret_cast<uint64_t>(&token);
   begin(d);
@@ -125,7 +125,7 @@ void ShmEngineImpl::read_peer(int peer, uint64_t remote_addr, void* local, size_
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == ESRCH) fail_wait(kWhyPeerDied, peer);
     if (n <= 0) {
-      throw EngineError(ErrorKind::kSystem,
+      throw CommError(FailureKind::kSystem,
                         "npudist engine: reading " + std::to_string(bytes) + " bytes of rank " +
                             std::to_string(global_rank(peer)) + "'s buffer in " + op_kind_name(cur_.kind) +
                             " failed: " + (n < 0 ? std::strerror(errno) : "no progress") +
@@ -148,7 +148,7 @@ void ShmEngineImpl::write_peer(int peer, uint64_t remote_addr, const void* local
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == ESRCH) fail_wait(kWhyPeerDied, peer);
     if (n <= 0) {
-      throw EngineError(ErrorKind::kSystem,
+      throw CommError(FailureKind::kSystem,
                         "npudist engine: writing " + std::to_string(bytes) + " bytes into rank " +
                             std::to_string(global_rank(peer)) + "'s buffer in " + op_kind_name(cur_.kind) +
                             " failed: " + (n < 0 ? std::strerror(errno) : "no progress") +
@@ -226,4 +226,4 @@ void ShmEngineImpl::all_to_all_direct(const void* in, const size_t* send_counts,
   sync();
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

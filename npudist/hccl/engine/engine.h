@@ -4,7 +4,7 @@
 // shared memory. All buffers are raw host pointers (npu memory is host memory); counts are in elements
 // of `dtype`, byte sizes in bytes. Every call is blocking on the calling thread and must be issued in the
 // same order on every local rank (collective semantics); p2p calls are independent per (peer, tag).
-// Every wait is bounded by the communicator timeout and fails with EngineError (never hangs).
+// Every wait is bounded by the communicator timeout and fails with CommError (never hangs).
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -15,31 +15,19 @@
 #include <string>
 #include <vector>
 
-namespace npudist::hccl {
+#include "npudist/comm_types.h"
 
-enum class DataType : uint8_t {
-  kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8, kInt16, kInt32, kInt64, kBool,
-  kComplex64, kComplex128,
-};
-size_t element_size(DataType t);
-const char* dtype_name(DataType t);
+namespace npudist::shm {
 
-// AVG and PREMUL_SUM are expressed by the adapter as kSum plus a post-scale (see `scale` below).
-enum class ReduceOp : uint8_t { kSum, kProduct, kMin, kMax, kBand, kBor, kBxor };
-const char* reduce_op_name(ReduceOp op);
-
-// What went wrong, so the adapter can map it to the right torch error type.
-enum class ErrorKind { kTimeout, kPeerDied, kMismatch, kAborted, kInvalidArgument, kSystem };
-
-struct EngineError : std::runtime_error {
-  EngineError(ErrorKind k, const std::string& msg) : std::runtime_error(msg), kind(k) {}
-  EngineError(ErrorKind k, const std::string& msg, std::vector<int> who)
-      : std::runtime_error(msg), kind(k), ranks(std::move(who)) {}
-  ErrorKind kind;
-  // Ranks the error is about (did not arrive / died / disagree), in CommConfig::global_ranks numbering
-  // when that was given, else local ranks. May be empty.
-  std::vector<int> ranks;
-};
+// The engine speaks the collective vocabulary of the communicator seam (npudist/comm_types.h): element
+// types, reductions (AVG and PREMUL_SUM are kSum plus a post-scale, see `scale` below), CommError with its
+// FailureKind and the ranks it is about (CommConfig::global_ranks numbering when that was given, else local
+// ranks), and CollectiveInfo, every rank's of which are compared (mismatch detection).
+using comm::CollectiveInfo;
+using comm::CommError;
+using comm::ElementType;
+using comm::FailureKind;
+using comm::Reduction;
 
 // Out-of-band exchange used only while connecting (implemented by the adapter over the c10d Store,
 // by tests over threads or pipes). get() blocks until the key exists or the timeout passes.
@@ -76,15 +64,9 @@ struct CommConfig {
   SharedResolver shared_resolver;
 };
 
-// Per-call description; all ranks' descriptors of one collective are compared (mismatch detection).
-// `seq` must count the collectives of the group identically on every rank (not p2p): the engine
-// compares it across ranks, so a rank that skipped a collective is reported instead of silently
+// `CollectiveInfo::seq` must count the collectives of the group identically on every rank (not p2p): the
+// engine compares it across ranks, so a rank that skipped a collective is reported instead of silently
 // pairing with the next one.
-struct OpInfo {
-  const char* op = "";       // "all_reduce", "broadcast", ...
-  uint64_t seq = 0;          // caller's sequence number, reported in errors
-};
-
 class ShmEngine {
  public:
   // Creates/attaches the shared-memory segments (collective over the local ranks).
@@ -96,23 +78,23 @@ class ShmEngine {
 
   // out may alias in. `scale` != 1 multiplies the reduced result (AVG: 1/size; PREMUL_SUM: factor
   // applied by the adapter beforehand or here). fp16/bf16 accumulate in fp32.
-  virtual void all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                          const OpInfo& info, double scale = 1.0) = 0;
-  virtual void reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
-                      const OpInfo& info, double scale = 1.0) = 0;
-  virtual void broadcast(void* buf, size_t bytes, int root, const OpInfo& info) = 0;
+  virtual void all_reduce(const void* in, void* out, size_t count, ElementType t, Reduction op,
+                          const CollectiveInfo& info, double scale = 1.0) = 0;
+  virtual void reduce(const void* in, void* out, size_t count, ElementType t, Reduction op, int root,
+                      const CollectiveInfo& info, double scale = 1.0) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root, const CollectiveInfo& info) = 0;
   // out holds size()*bytes, rank r's contribution at offset r*bytes.
-  virtual void all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) = 0;
+  virtual void all_gather(const void* in, void* out, size_t bytes, const CollectiveInfo& info) = 0;
   // in holds size()*count elements; out receives this rank's reduced chunk of `count` elements.
-  virtual void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                              const OpInfo& info, double scale = 1.0) = 0;
+  virtual void reduce_scatter(const void* in, void* out, size_t count, ElementType t, Reduction op,
+                              const CollectiveInfo& info, double scale = 1.0) = 0;
   // Byte counts/offsets per peer (uneven splits allowed); send_counts[j] on rank i == recv_counts[i] on j.
   virtual void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets,
                           void* out, const size_t* recv_counts, const size_t* recv_offsets,
-                          const OpInfo& info) = 0;
-  virtual void gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) = 0;
-  virtual void scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) = 0;
-  virtual void barrier(const OpInfo& info) = 0;
+                          const CollectiveInfo& info) = 0;
+  virtual void gather(const void* in, void* out, size_t bytes, int root, const CollectiveInfo& info) = 0;
+  virtual void scatter(const void* in, void* out, size_t bytes, int root, const CollectiveInfo& info) = 0;
+  virtual void barrier(const CollectiveInfo& info) = 0;
 
   // Point-to-point; thread-safe across different (peer, direction) pairs so sends and receives to
   // several peers can run concurrently on different threads. Matched by (peer, tag) in order.
@@ -130,4 +112,4 @@ class ShmEngine {
   virtual uint64_t zero_copy_ops() const { return 0; }
 };
 
-}  // namespace npudist::hccl
+}  // namespace npudist::shm

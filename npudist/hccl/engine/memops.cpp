@@ -8,7 +8,7 @@
 #include <emmintrin.h>
 #endif
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 
 void copy_out(void* dst, const void* src, size_t bytes, bool stream) {
 #if defined(__x86_64__)
@@ -51,4 +51,4 @@ void stream_fence() {
 #endif
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

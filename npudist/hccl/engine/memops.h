@@ -4,7 +4,7 @@
 #pragma once
 #include <cstddef>
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 
 // memcpy(dst, src, bytes), with streaming stores when `stream` (non-overlapping buffers only).
 void copy_out(void* dst, const void* src, size_t bytes, bool stream);
@@ -13,4 +13,4 @@ void move_own(void* dst, const void* src, size_t bytes, bool stream);
 // Orders earlier streaming stores before later stores (call once before an op returns).
 void stream_fence();
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

@@ -9,15 +9,15 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comm.h"
+#include "shm_engine_impl.h"
 #include "memops.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 void check_peer(int peer, int rank, int n, const char* what) {
   if (peer < 0 || peer >= n || peer == rank)
-    throw EngineError(ErrorKind::kInvalidArgument,
+    throw CommError(FailureKind::kInvalidArgument,
                       std::string("npudist engine: ") + what + " peer " + std::to_string(peer) +
                           " is invalid: it must be another rank in [0, " + std::to_string(n) + ")");
 }
@@ -33,11 +33,11 @@ WaitContext ShmEngineImpl::p2p_context(int peer, const std::string& what) const 
     if (why == kWhyAborted) const_cast<ShmEngineImpl*>(this)->throw_aborted();
     const int g = global_rank(p);
     if (why == kWhyPeerDied)
-      throw EngineError(ErrorKind::kPeerDied,
+      throw CommError(FailureKind::kPeerDied,
                         "npudist engine: rank " + std::to_string(g) + " exited during " + what +
                             " on communicator '" + cfg_.name + "'",
                         {g});
-    throw EngineError(ErrorKind::kTimeout,
+    throw CommError(FailureKind::kTimeout,
                       "npudist engine: " + what + " on communicator '" + cfg_.name + "' timed out after " +
                           std::to_string(cfg_.timeout.count()) + " ms: rank " + std::to_string(g) +
                           " did not post the matching operation",
@@ -49,7 +49,7 @@ WaitContext ShmEngineImpl::p2p_context(int peer, const std::string& what) const 
 
 void ShmEngineImpl::send(const void* buf, size_t bytes, int peer, int tag) {
   check_peer(peer, rank_, size_, "send");
-  if (bytes && !buf) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: send got a null buffer");
+  if (bytes && !buf) throw CommError(FailureKind::kInvalidArgument, "npudist engine: send got a null buffer");
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
   ChanCtl* c = seg_->chan(rank_, peer);
   char* data = seg_->p2p(rank_, peer);
@@ -86,7 +86,7 @@ bool ShmEngineImpl::send_zero_copy(const void* buf, size_t bytes, int peer, int 
 
 void ShmEngineImpl::recv(void* buf, size_t bytes, int peer, int tag) {
   check_peer(peer, rank_, size_, "recv");
-  if (bytes && !buf) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: recv got a null buffer");
+  if (bytes && !buf) throw CommError(FailureKind::kInvalidArgument, "npudist engine: recv got a null buffer");
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
   ChanCtl* c = seg_->chan(peer, rank_);
   const char* data = seg_->p2p(peer, rank_);
@@ -101,8 +101,8 @@ void ShmEngineImpl::recv(void* buf, size_t bytes, int peer, int tag) {
     const ChunkMeta m = c->meta[idx & 1];
     if (m.chunk != k || m.tag != tag || m.msg_bytes != bytes) {
       if (k != 0 || m.chunk != 0)
-        throw EngineError(ErrorKind::kSystem, "npudist engine: p2p channel out of order");
-      throw EngineError(ErrorKind::kMismatch,
+        throw CommError(FailureKind::kSystem, "npudist engine: p2p channel out of order");
+      throw CommError(FailureKind::kMismatch,
                         "npudist engine: " + what + " does not match the next message from that rank: it sent " +
                             std::to_string(m.msg_bytes) + " bytes with tag " + std::to_string(m.tag) +
                             " (messages between two ranks are matched in order; sizes and tags must agree)",
@@ -121,4 +121,4 @@ void ShmEngineImpl::recv(void* buf, size_t bytes, int peer, int tag) {
   }
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

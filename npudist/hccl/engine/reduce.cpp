@@ -13,21 +13,21 @@
 #include "reduce_kernels.h"
 #undef NPUDIST_KERNEL_NS
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 #if defined(__x86_64__)
 namespace avx2 {
-void reduce_buffers(DataType t, ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c, double sc,
+void reduce_buffers(ElementType t, Reduction op, const void* const* s, int n, void* d, void* d2, size_t c, double sc,
                     bool stream);
 }
 
 #endif
 namespace {
 
-bool is_float(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
-         t == DataType::kBFloat16;
+bool is_float(ElementType t) {
+  return t == ElementType::kFloat32 || t == ElementType::kFloat64 || t == ElementType::kFloat16 ||
+         t == ElementType::kBFloat16;
 }
-bool is_complex(DataType t) { return t == DataType::kComplex64 || t == DataType::kComplex128; }
+bool is_complex(ElementType t) { return t == ElementType::kComplex64 || t == ElementType::kComplex128; }
 
 }  // namespace
 
@@ -36,23 +36,23 @@ unsigned short float_to_half(float f) { return generic::f2h(f); }
 float bf16_to_float(unsigned short h) { return generic::bf2f(h); }
 unsigned short float_to_bf16(float f) { return generic::f2bf(f); }
 
-void check_reduce_supported(DataType t, ReduceOp op, double scale) {
-  const bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+void check_reduce_supported(ElementType t, Reduction op, double scale) {
+  const bool bitwise = op == Reduction::kBand || op == Reduction::kBor || op == Reduction::kBxor;
   std::string why;
   if (bitwise && (is_float(t) || is_complex(t))) {
-    why = std::string(reduce_op_name(op)) + " is only defined for integer and bool tensors, got " +
-          dtype_name(t) + "; use SUM/MIN/MAX or convert the tensor to an integer dtype";
-  } else if (is_complex(t) && (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
-    why = std::string(reduce_op_name(op)) + " is not defined for complex tensors (" + dtype_name(t) +
+    why = std::string(reduction_name(op)) + " is only defined for integer and bool tensors, got " +
+          element_type_name(t) + "; use SUM/MIN/MAX or convert the tensor to an integer dtype";
+  } else if (is_complex(t) && (op == Reduction::kMin || op == Reduction::kMax)) {
+    why = std::string(reduction_name(op)) + " is not defined for complex tensors (" + element_type_name(t) +
           "); reduce real and imaginary parts separately";
   } else if (scale != 1.0 && !is_float(t) && !is_complex(t)) {
-    why = std::string("AVG/PREMUL_SUM need a floating-point or complex tensor, got ") + dtype_name(t) +
+    why = std::string("AVG/PREMUL_SUM need a floating-point or complex tensor, got ") + element_type_name(t) +
           "; use SUM and divide, or convert to a floating dtype";
   }
-  if (!why.empty()) throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: " + why);
+  if (!why.empty()) throw CommError(FailureKind::kInvalidArgument, "npudist engine: " + why);
 }
 
-void reduce_buffers(DataType t, ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c,
+void reduce_buffers(ElementType t, Reduction op, const void* const* s, int n, void* d, void* d2, size_t c,
                     double sc, bool stream) {
 #if defined(__x86_64__)
   static const bool hw = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
@@ -62,4 +62,4 @@ void reduce_buffers(DataType t, ReduceOp op, const void* const* s, int n, void* 
   return generic::reduce_buffers(t, op, s, n, d, d2, c, sc, stream);
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

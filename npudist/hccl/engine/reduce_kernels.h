@@ -9,7 +9,7 @@
 #include "engine.h"
 #include "memops.h"
 
-namespace npudist::hccl::detail::NPUDIST_KERNEL_NS {
+namespace npudist::shm::detail::NPUDIST_KERNEL_NS {
 namespace {
 
 constexpr size_t kBlock = 512;
@@ -162,63 +162,63 @@ void reduce_kernel(const void* const* srcs, int nsrc, void* dst, void* dst2, siz
 }
 
 template <typename T>
-void dispatch_arith(ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c, double sc, bool st) {
+void dispatch_arith(Reduction op, const void* const* s, int n, void* d, void* d2, size_t c, double sc, bool st) {
   switch (op) {
-    case ReduceOp::kSum: return reduce_kernel<T, OpSum>(s, n, d, d2, c, sc, st);
-    case ReduceOp::kProduct: return reduce_kernel<T, OpProd>(s, n, d, d2, c, sc, st);
-    case ReduceOp::kMin: return reduce_kernel<T, OpMin>(s, n, d, d2, c, sc, st);
-    case ReduceOp::kMax: return reduce_kernel<T, OpMax>(s, n, d, d2, c, sc, st);
+    case Reduction::kSum: return reduce_kernel<T, OpSum>(s, n, d, d2, c, sc, st);
+    case Reduction::kProduct: return reduce_kernel<T, OpProd>(s, n, d, d2, c, sc, st);
+    case Reduction::kMin: return reduce_kernel<T, OpMin>(s, n, d, d2, c, sc, st);
+    case Reduction::kMax: return reduce_kernel<T, OpMax>(s, n, d, d2, c, sc, st);
     default: break;
   }
-  throw EngineError(ErrorKind::kInvalidArgument, "internal: bitwise op reached arithmetic kernel");
+  throw CommError(FailureKind::kInvalidArgument, "internal: bitwise op reached arithmetic kernel");
 }
 
 template <typename T>
-void dispatch_int(ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c, double sc, bool st) {
+void dispatch_int(Reduction op, const void* const* s, int n, void* d, void* d2, size_t c, double sc, bool st) {
   switch (op) {
-    case ReduceOp::kBand: return reduce_kernel<T, OpBand>(s, n, d, d2, c, sc, st);
-    case ReduceOp::kBor: return reduce_kernel<T, OpBor>(s, n, d, d2, c, sc, st);
-    case ReduceOp::kBxor: return reduce_kernel<T, OpBxor>(s, n, d, d2, c, sc, st);
+    case Reduction::kBand: return reduce_kernel<T, OpBand>(s, n, d, d2, c, sc, st);
+    case Reduction::kBor: return reduce_kernel<T, OpBor>(s, n, d, d2, c, sc, st);
+    case Reduction::kBxor: return reduce_kernel<T, OpBxor>(s, n, d, d2, c, sc, st);
     default: return dispatch_arith<T>(op, s, n, d, d2, c, sc, st);
   }
 }
 
 // bool (one byte, 0/1): sum/max/bor are "any", product/min/band are "all", bxor is parity.
-void dispatch_bool(ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c, bool st) {
+void dispatch_bool(Reduction op, const void* const* s, int n, void* d, void* d2, size_t c, bool st) {
   switch (op) {
-    case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor:
+    case Reduction::kSum: case Reduction::kMax: case Reduction::kBor:
       return reduce_kernel<uint8_t, OpBor>(s, n, d, d2, c, 1.0, st);
-    case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand:
+    case Reduction::kProduct: case Reduction::kMin: case Reduction::kBand:
       return reduce_kernel<uint8_t, OpBand>(s, n, d, d2, c, 1.0, st);
-    case ReduceOp::kBxor:
+    case Reduction::kBxor:
       return reduce_kernel<uint8_t, OpBxor>(s, n, d, d2, c, 1.0, st);
   }
 }
 
 template <typename T>
-void dispatch_complex(ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c, double sc, bool st) {
-  if (op == ReduceOp::kSum) return reduce_kernel<T, OpSum>(s, n, d, d2, c, sc, st);
+void dispatch_complex(Reduction op, const void* const* s, int n, void* d, void* d2, size_t c, double sc, bool st) {
+  if (op == Reduction::kSum) return reduce_kernel<T, OpSum>(s, n, d, d2, c, sc, st);
   return reduce_kernel<T, OpProd>(s, n, d, d2, c, sc, st);
 }
 
 }  // namespace
 
-void reduce_buffers(DataType t, ReduceOp op, const void* const* s, int n, void* d, void* d2, size_t c,
+void reduce_buffers(ElementType t, Reduction op, const void* const* s, int n, void* d, void* d2, size_t c,
                     double sc, bool st) {
   switch (t) {
-    case DataType::kFloat32: return dispatch_arith<float>(op, s, n, d, d2, c, sc, st);
-    case DataType::kFloat64: return dispatch_arith<double>(op, s, n, d, d2, c, sc, st);
-    case DataType::kFloat16: return dispatch_arith<Half>(op, s, n, d, d2, c, sc, st);
-    case DataType::kBFloat16: return dispatch_arith<BF16>(op, s, n, d, d2, c, sc, st);
-    case DataType::kInt8: return dispatch_int<int8_t>(op, s, n, d, d2, c, sc, st);
-    case DataType::kUInt8: return dispatch_int<uint8_t>(op, s, n, d, d2, c, sc, st);
-    case DataType::kInt16: return dispatch_int<int16_t>(op, s, n, d, d2, c, sc, st);
-    case DataType::kInt32: return dispatch_int<int32_t>(op, s, n, d, d2, c, sc, st);
-    case DataType::kInt64: return dispatch_int<int64_t>(op, s, n, d, d2, c, sc, st);
-    case DataType::kBool: return dispatch_bool(op, s, n, d, d2, c, st);
-    case DataType::kComplex64: return dispatch_complex<std::complex<float>>(op, s, n, d, d2, c, sc, st);
-    case DataType::kComplex128: return dispatch_complex<std::complex<double>>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kFloat32: return dispatch_arith<float>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kFloat64: return dispatch_arith<double>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kFloat16: return dispatch_arith<Half>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kBFloat16: return dispatch_arith<BF16>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kInt8: return dispatch_int<int8_t>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kUInt8: return dispatch_int<uint8_t>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kInt16: return dispatch_int<int16_t>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kInt32: return dispatch_int<int32_t>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kInt64: return dispatch_int<int64_t>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kBool: return dispatch_bool(op, s, n, d, d2, c, st);
+    case ElementType::kComplex64: return dispatch_complex<std::complex<float>>(op, s, n, d, d2, c, sc, st);
+    case ElementType::kComplex128: return dispatch_complex<std::complex<double>>(op, s, n, d, d2, c, sc, st);
   }
 }
 
-}  // namespace npudist::hccl::detail::NPUDIST_KERNEL_NS
+}  // namespace npudist::shm::detail::NPUDIST_KERNEL_NS

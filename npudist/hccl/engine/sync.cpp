@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 inline void cpu_relax() {
@@ -164,4 +164,4 @@ void wait_at_least(const Signal& sig, uint64_t target, int peer, const WaitConte
   }
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

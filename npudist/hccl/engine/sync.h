@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -40,7 +40,7 @@ struct WaitTuning {
 };
 const WaitTuning& wait_tuning();
 
-// What a wait must watch besides its own condition. `on_fail` throws the right EngineError; it is told
+// What a wait must watch besides its own condition. `on_fail` throws the right CommError; it is told
 // why the wait gave up (0 = deadline passed, 1 = aborted, 2 = peer `peer` died).
 struct WaitContext {
   Clock::time_point deadline;
@@ -54,4 +54,4 @@ enum : int { kWhyTimeout = 0, kWhyAborted = 1, kWhyPeerDied = 2 };
 // Waits until sig.value >= target. `peer` is the rank that posts `sig` (for liveness checks).
 void wait_at_least(const Signal& sig, uint64_t target, int peer, const WaitContext& ctx);
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

@@ -15,7 +15,7 @@
 #include <random>
 #include <thread>
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 constexpr uint64_t kMagic = 0x316c696473757066ull;  // distinct from zero-filled memory
@@ -116,18 +116,18 @@ Segment::~Segment() {
 std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& bootstrap) {
   const int n = cfg.size;
   if (n < 1 || n > kMaxRanks)
-    throw EngineError(ErrorKind::kInvalidArgument,
+    throw CommError(FailureKind::kInvalidArgument,
                       "npudist engine: communicator size " + std::to_string(n) + " is outside [1, " +
                           std::to_string(kMaxRanks) + "] (ranks per node)");
   if (cfg.rank < 0 || cfg.rank >= n)
-    throw EngineError(ErrorKind::kInvalidArgument, "npudist engine: rank " + std::to_string(cfg.rank) +
+    throw CommError(FailureKind::kInvalidArgument, "npudist engine: rank " + std::to_string(cfg.rank) +
                                                        " is outside [0, " + std::to_string(n) + ")");
   if (cfg.name.empty())
-    throw EngineError(ErrorKind::kInvalidArgument,
+    throw CommError(FailureKind::kInvalidArgument,
                       "npudist engine: CommConfig.name is empty; give each job/group a unique name");
   const size_t buffer_bytes = cfg.buffer_bytes / kPage * kPage;
   if (buffer_bytes < 2 * kPage)
-    throw EngineError(ErrorKind::kInvalidArgument,
+    throw CommError(FailureKind::kInvalidArgument,
                       "npudist engine: buffer_bytes (HCCL_BUFFSIZE) is " + std::to_string(cfg.buffer_bytes) +
                           " bytes; it must be at least 8 KiB");
   const size_t p2p_bytes = n > 1 ? std::min<size_t>(buffer_bytes, 1u << 20) : 0;
@@ -144,26 +144,26 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
     remove_stale_segments();
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 && errno == EEXIST)
-      throw EngineError(ErrorKind::kSystem,
+      throw CommError(FailureKind::kSystem,
                         "npudist engine: shared-memory segment /dev/shm" + name +
                             " already exists and its creator is alive: another running job uses the same "
                             "communicator name; give each job a unique name");
-    if (fd < 0) throw EngineError(ErrorKind::kSystem, sys_error("shm_open", name));
+    if (fd < 0) throw CommError(FailureKind::kSystem, sys_error("shm_open", name));
     if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
       std::string msg = sys_error("ftruncate", name);
       close(fd);
       shm_unlink(name.c_str());
-      throw EngineError(ErrorKind::kSystem, msg + " (is /dev/shm large enough?)");
+      throw CommError(FailureKind::kSystem, msg + " (is /dev/shm large enough?)");
     }
   } else {
     std::string value = bootstrap.get(key);
     nonce = std::strtoull(value.c_str(), nullptr, 16);
     fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) throw EngineError(ErrorKind::kSystem, sys_error("shm_open (attach)", name));
+    if (fd < 0) throw CommError(FailureKind::kSystem, sys_error("shm_open (attach)", name));
     struct stat st;
     if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != layout.total) {
       close(fd);
-      throw EngineError(ErrorKind::kInvalidArgument,
+      throw CommError(FailureKind::kInvalidArgument,
                         "npudist engine: segment " + name + " has a different layout than this rank "
                         "expects: all ranks must use the same group size and HCCL_BUFFSIZE");
     }
@@ -173,7 +173,7 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
   if (base == MAP_FAILED) {
     std::string msg = sys_error("mmap", name);
     if (cfg.rank == 0) shm_unlink(name.c_str());
-    throw EngineError(ErrorKind::kSystem, msg);
+    throw CommError(FailureKind::kSystem, msg);
   }
   seg->map_layout(base, layout.total, n, buffer_bytes, p2p_bytes);
   SegHeader* h = seg->hdr_;
@@ -192,7 +192,7 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
     std::snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(nonce));
     bootstrap.set(key, buf);
   } else if (h->magic != kMagic || h->nonce != nonce || h->size != n || h->buffer_bytes != buffer_bytes) {
-    throw EngineError(ErrorKind::kInvalidArgument,
+    throw CommError(FailureKind::kInvalidArgument,
                       "npudist engine: segment " + name + " does not match this communicator (stale "
                       "segment, or ranks disagree on group size / HCCL_BUFFSIZE)");
   }
@@ -218,7 +218,7 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
             missing += (missing.empty() ? "" : ", ") + std::to_string(g);
           }
         }
-        throw EngineError(ErrorKind::kTimeout,
+        throw CommError(FailureKind::kTimeout,
                           "npudist engine: connecting communicator '" + cfg.name + "' timed out after " +
                               std::to_string(cfg.timeout.count()) + " ms; ranks [" + missing +
                               "] did not attach (HCCL_CONNECT_TIMEOUT)",
@@ -231,4 +231,4 @@ std::unique_ptr<Segment> Segment::connect(const CommConfig& cfg, Bootstrap& boot
   return seg;
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

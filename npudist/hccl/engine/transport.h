@@ -12,7 +12,7 @@
 #include "engine.h"
 #include "sync.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 
 constexpr int kMaxRanks = 64;
 
@@ -32,7 +32,7 @@ struct OpDesc {
   uint8_t dtype;
   uint8_t redop;
   uint8_t has_dtype;
-  char name[40];   // the caller's op name (OpInfo::op), for messages
+  char name[40];   // the caller's op name (CollectiveInfo::op), for messages
   uint64_t src_addr;  // this rank's input/output buffer addresses (direct mode reads them with CMA)
   uint64_t dst_addr;
   // Zero-copy (zero_copy.cpp): where the input/output live in shareable memory, if they do.
@@ -125,4 +125,4 @@ std::string shm_segment_name(const std::string& comm_name);
 // segments are never touched. Returns how many were removed. Called by rank 0 before creating a segment.
 size_t remove_stale_segments();
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

@@ -16,12 +16,12 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comm.h"
+#include "shm_engine_impl.h"
 #include "diagnostics.h"
 #include "memops.h"
 #include "reduce.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 inline const char* cptr(const void* p, size_t off) { return static_cast<const char*>(p) + off; }
@@ -92,7 +92,7 @@ char* ShmEngineImpl::map_shared(int peer, const SharedBuffer& b) {
                     path + ", " + std::to_string(b.segment_size) + " bytes) failed in " + op_kind_name(cur_.kind) +
                     ": " + std::strerror(errno) + " (set NPUDIST_ENGINE_ZERO_COPY=0 on all ranks to use staging copies)";
   abort(msg);
-  broken_ = EngineError(ErrorKind::kSystem, msg, {global_rank(peer)});
+  broken_ = CommError(FailureKind::kSystem, msg, {global_rank(peer)});
   throw *broken_;
 }
 
@@ -105,7 +105,7 @@ const char* ShmEngineImpl::map_shared_p2p(int peer, const SharedBuffer& b) {
                     path + ", " + std::to_string(b.segment_size) + " bytes) for a recv failed: " +
                     std::strerror(errno) + " (set NPUDIST_ENGINE_ZERO_COPY=0 on all ranks to copy through the ring)";
   abort(msg);
-  throw EngineError(ErrorKind::kSystem, msg, {global_rank(peer)});
+  throw CommError(FailureKind::kSystem, msg, {global_rank(peer)});
 }
 
 void ShmEngineImpl::unmap_all_shared() {
@@ -117,9 +117,9 @@ void ShmEngineImpl::unmap_all_shared() {
   }
 }
 
-void ShmEngineImpl::all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::all_reduce_zc(const void* in, void* out, size_t count, ElementType t, Reduction op,
                                     double scale) {
-  const size_t es = element_size(t);
+  const size_t es = element_bytes(t);
   for (int j = 0; j < size_; ++j) {
     zc_src_[j] = j == rank_ ? static_cast<const char*>(in) : map_shared(j, peer_desc(j).zc_src);
     zc_dst_[j] = j == rank_ ? static_cast<char*>(out) : map_shared(j, peer_desc(j).zc_dst);
@@ -150,9 +150,9 @@ void ShmEngineImpl::all_reduce_zc(const void* in, void* out, size_t count, DataT
   ++zc_ops_;
 }
 
-void ShmEngineImpl::reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+void ShmEngineImpl::reduce_scatter_zc(const void* in, void* out, size_t count, ElementType t, Reduction op,
                                         double scale) {
-  const size_t es = element_size(t);
+  const size_t es = element_bytes(t);
   for (int j = 0; j < size_; ++j) {
     const char* base = j == rank_ ? static_cast<const char*>(in) : map_shared(j, peer_desc(j).zc_src);
     srcs_[j] = base + rank_ * count * es;
@@ -214,4 +214,4 @@ void ShmEngineImpl::all_to_all_zc(const void* in, const size_t* send_counts, con
   ++zc_ops_;
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

@@ -16,10 +16,10 @@ void run_p2p(const Args& a, ShmEngine& c);             // driver_faults.cpp
 namespace {
 
 uint64_t g_seq = 0;
-OpInfo info(const char* op) { return OpInfo{op, ++g_seq}; }
+CollectiveInfo info(const char* op) { return CollectiveInfo{op, ++g_seq}; }
 
-std::vector<size_t> reduction_sizes(const Args& a, DataType t) {
-  const size_t es = element_size(t);
+std::vector<size_t> reduction_sizes(const Args& a, ElementType t) {
+  const size_t es = element_bytes(t);
   // The last size spans several pipeline chunks with the 16 KiB test buffer; capped so the reference
   // computation stays quick with larger buffers.
   return {0, 1, 7, 1000 / es + 3, std::min<size_t>(3 * a.buffer, 320 << 10) / es + 13};
@@ -28,25 +28,25 @@ std::vector<size_t> reduction_sizes(const Args& a, DataType t) {
 void check_reductions(const Args& a, ShmEngine& c) {
   const int n = a.size, r = a.rank;
   int salt = 0;
-  for (DataType t : all_dtypes()) {
-    const size_t es = element_size(t);
-    for (ReduceOp op : all_ops()) {
+  for (ElementType t : all_dtypes()) {
+    const size_t es = element_bytes(t);
+    for (Reduction op : all_ops()) {
       for (size_t count : reduction_sizes(a, t)) {
         ++salt;
         std::vector<char> in(count * es + 1), out(count * es + 1), want(count * es + 1);
-        const bool big = op == ReduceOp::kSum;
+        const bool big = op == Reduction::kSum;
         fill(t, in.data(), count, r, salt, big);
         if (!supported(t, op)) {
           bool threw = false;
           try {
-            c.all_reduce(in.data(), out.data(), count, t, op, OpInfo{"all_reduce", g_seq + 1});
-          } catch (const EngineError& e) {
-            threw = e.kind == ErrorKind::kInvalidArgument;
+            c.all_reduce(in.data(), out.data(), count, t, op, CollectiveInfo{"all_reduce", g_seq + 1});
+          } catch (const CommError& e) {
+            threw = e.kind == FailureKind::kInvalidArgument;
           }
-          CHECK(threw, "unsupported " << dtype_name(t) << "/" << reduce_op_name(op) << " did not raise");
+          CHECK(threw, "unsupported " << element_type_name(t) << "/" << reduction_name(op) << " did not raise");
           continue;
         }
-        const std::string what = std::string(dtype_name(t)) + "/" + reduce_op_name(op) + " count " +
+        const std::string what = std::string(element_type_name(t)) + "/" + reduction_name(op) + " count " +
                                   std::to_string(count);
         // all_reduce: out of place on even salts, in place on odd ones.
         reference(t, op, n, count, salt, big, 1.0, want.data());
@@ -59,7 +59,7 @@ void check_reductions(const Args& a, ShmEngine& c) {
         CHECK(std::memcmp(out.data(), want.data(), count * es) == 0,
               "all_reduce " << what << ": " << hexdiff(out.data(), want.data(), count * es));
         // AVG-style scale for floating/complex sums.
-        if (op == ReduceOp::kSum && (is_float(t) || is_complex(t))) {
+        if (op == Reduction::kSum && (is_float(t) || is_complex(t))) {
           double scale = 1.0 / n;
           reference(t, op, n, count, salt, big, scale, want.data());
           c.all_reduce(in.data(), out.data(), count, t, op, info("all_reduce"), scale);

@@ -22,7 +22,7 @@
 #include "engine.h"
 
 namespace drv {
-using namespace npudist::hccl;
+using namespace npudist::shm;
 
 struct Args {
   int rank = 0, size = 1;
@@ -95,17 +95,17 @@ inline std::unique_ptr<ShmEngine> connect(const Args& a, const std::string& suff
   } while (0)
 
 // ---- deterministic values (small integers: exact in every dtype, so summation order cannot matter) ----
-inline bool is_float(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 || t == DataType::kBFloat16;
+inline bool is_float(ElementType t) {
+  return t == ElementType::kFloat32 || t == ElementType::kFloat64 || t == ElementType::kFloat16 || t == ElementType::kBFloat16;
 }
-inline bool is_complex(DataType t) { return t == DataType::kComplex64 || t == DataType::kComplex128; }
-inline bool is_unsigned(DataType t) { return t == DataType::kUInt8 || t == DataType::kBool; }
+inline bool is_complex(ElementType t) { return t == ElementType::kComplex64 || t == ElementType::kComplex128; }
+inline bool is_unsigned(ElementType t) { return t == ElementType::kUInt8 || t == ElementType::kBool; }
 
 // Value of element i on rank r. `big` adds 2048 on rank 0 every 13th element: with fp16 that makes
 // fp32 accumulation observable (fp16 accumulation would round 2048 + 1 back to 2048).
-inline std::complex<double> gen(DataType t, int r, size_t i, int salt, bool big) {
+inline std::complex<double> gen(ElementType t, int r, size_t i, int salt, bool big) {
   long v = static_cast<long>((i * 7 + r * 3 + salt * 5) % 11);
-  if (t == DataType::kBool) return (i + r + salt) % 3 == 0 ? 1 : 0;
+  if (t == ElementType::kBool) return (i + r + salt) % 3 == 0 ? 1 : 0;
   if (!is_unsigned(t)) v -= 5;
   double re = static_cast<double>(v);
   if (big && r == 0 && i % 13 == 0 && is_float(t)) re += 2048;
@@ -121,88 +121,88 @@ inline uint16_t to_bf16(float f) {
 }
 
 // Stores v into element i of buf as dtype t (integers wrap like C casts of the int64 value).
-inline void store(DataType t, void* buf, size_t i, std::complex<double> v) {
+inline void store(ElementType t, void* buf, size_t i, std::complex<double> v) {
   double re = v.real();
   switch (t) {
-    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(re); break;
-    case DataType::kFloat64: static_cast<double*>(buf)[i] = re; break;
-    case DataType::kFloat16: {
+    case ElementType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(re); break;
+    case ElementType::kFloat64: static_cast<double*>(buf)[i] = re; break;
+    case ElementType::kFloat16: {
       _Float16 h = static_cast<_Float16>(static_cast<float>(re));
       std::memcpy(static_cast<char*>(buf) + 2 * i, &h, 2);
       break;
     }
-    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = to_bf16(static_cast<float>(re)); break;
-    case DataType::kInt8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int64_t>(re)); break;
-    case DataType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(re)); break;
-    case DataType::kInt16: static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(static_cast<int64_t>(re)); break;
-    case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(static_cast<int64_t>(re)); break;
-    case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(re); break;
-    case DataType::kBool: static_cast<uint8_t*>(buf)[i] = re != 0 ? 1 : 0; break;
-    case DataType::kComplex64: static_cast<std::complex<float>*>(buf)[i] = std::complex<float>(v); break;
-    case DataType::kComplex128: static_cast<std::complex<double>*>(buf)[i] = v; break;
+    case ElementType::kBFloat16: static_cast<uint16_t*>(buf)[i] = to_bf16(static_cast<float>(re)); break;
+    case ElementType::kInt8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int64_t>(re)); break;
+    case ElementType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(re)); break;
+    case ElementType::kInt16: static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(static_cast<int64_t>(re)); break;
+    case ElementType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(static_cast<int64_t>(re)); break;
+    case ElementType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(re); break;
+    case ElementType::kBool: static_cast<uint8_t*>(buf)[i] = re != 0 ? 1 : 0; break;
+    case ElementType::kComplex64: static_cast<std::complex<float>*>(buf)[i] = std::complex<float>(v); break;
+    case ElementType::kComplex128: static_cast<std::complex<double>*>(buf)[i] = v; break;
   }
 }
 
 // Reads element i of buf (dtype t) back as a complex double.
-inline std::complex<double> load(DataType t, const void* buf, size_t i) {
+inline std::complex<double> load(ElementType t, const void* buf, size_t i) {
   switch (t) {
-    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DataType::kFloat64: return static_cast<const double*>(buf)[i];
-    case DataType::kFloat16: {
+    case ElementType::kFloat32: return static_cast<const float*>(buf)[i];
+    case ElementType::kFloat64: return static_cast<const double*>(buf)[i];
+    case ElementType::kFloat16: {
       _Float16 h;
       std::memcpy(&h, static_cast<const char*>(buf) + 2 * i, 2);
       return static_cast<double>(static_cast<float>(h));
     }
-    case DataType::kBFloat16: {
+    case ElementType::kBFloat16: {
       uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(buf)[i]) << 16;
       float f;
       std::memcpy(&f, &u, 4);
       return f;
     }
-    case DataType::kComplex64: return std::complex<double>(static_cast<const std::complex<float>*>(buf)[i]);
-    case DataType::kComplex128: return static_cast<const std::complex<double>*>(buf)[i];
+    case ElementType::kComplex64: return std::complex<double>(static_cast<const std::complex<float>*>(buf)[i]);
+    case ElementType::kComplex128: return static_cast<const std::complex<double>*>(buf)[i];
     default: return 0;  // integers are exact; callers use gen() directly
   }
 }
 
 // The input value as the dtype actually holds it (fp16/bf16 round 2048 + v).
-inline std::complex<double> held(DataType t, int r, size_t i, int salt, bool big) {
+inline std::complex<double> held(ElementType t, int r, size_t i, int salt, bool big) {
   char tmp[16];
   store(t, tmp, 0, gen(t, r, i, salt, big));
   return load(t, tmp, 0);
 }
 
-inline void fill(DataType t, void* buf, size_t count, int r, int salt, bool big) {
+inline void fill(ElementType t, void* buf, size_t count, int r, int salt, bool big) {
   for (size_t i = 0; i < count; ++i) store(t, buf, i, gen(t, r, i, salt, big));
 }
 
 // Integer reductions in int64 with wrap-around to the dtype width at the end (same result mod 2^bits).
-inline int64_t fold_int(ReduceOp op, int64_t a, int64_t b, DataType t) {
+inline int64_t fold_int(Reduction op, int64_t a, int64_t b, ElementType t) {
   switch (op) {
-    case ReduceOp::kSum: return t == DataType::kBool ? (a | b) : a + b;
-    case ReduceOp::kProduct: return t == DataType::kBool ? (a & b) : a * b;
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kMax: return a < b ? b : a;
-    case ReduceOp::kBand: return a & b;
-    case ReduceOp::kBor: return a | b;
-    case ReduceOp::kBxor: return a ^ b;
+    case Reduction::kSum: return t == ElementType::kBool ? (a | b) : a + b;
+    case Reduction::kProduct: return t == ElementType::kBool ? (a & b) : a * b;
+    case Reduction::kMin: return b < a ? b : a;
+    case Reduction::kMax: return a < b ? b : a;
+    case Reduction::kBand: return a & b;
+    case Reduction::kBor: return a | b;
+    case Reduction::kBxor: return a ^ b;
   }
   return 0;
 }
 
 // Narrows an int64 to the dtype's signedness/width so min/max compare as the dtype does.
-inline int64_t narrow(DataType t, int64_t v) {
+inline int64_t narrow(ElementType t, int64_t v) {
   switch (t) {
-    case DataType::kInt8: return static_cast<int8_t>(v);
-    case DataType::kUInt8: return static_cast<uint8_t>(v);
-    case DataType::kInt16: return static_cast<int16_t>(v);
-    case DataType::kInt32: return static_cast<int32_t>(v);
+    case ElementType::kInt8: return static_cast<int8_t>(v);
+    case ElementType::kUInt8: return static_cast<uint8_t>(v);
+    case ElementType::kInt16: return static_cast<int16_t>(v);
+    case ElementType::kInt32: return static_cast<int32_t>(v);
     default: return v;
   }
 }
 
 // Expected reduction of `count` elements over ranks 0..n-1 (in rank order), scaled, stored as dtype t.
-inline void reference(DataType t, ReduceOp op, int n, size_t count, int salt, bool big, double scale,
+inline void reference(ElementType t, Reduction op, int n, size_t count, int salt, bool big, double scale,
                       void* out, size_t first = 0) {
   for (size_t k = 0; k < count; ++k) {
     size_t i = first + k;
@@ -211,10 +211,10 @@ inline void reference(DataType t, ReduceOp op, int n, size_t count, int salt, bo
       for (int r = 1; r < n; ++r) {
         std::complex<double> v = held(t, r, i, salt, big);
         switch (op) {
-          case ReduceOp::kSum: acc += v; break;
-          case ReduceOp::kProduct: acc = is_complex(t) ? acc * v : std::complex<double>(acc.real() * v.real()); break;
-          case ReduceOp::kMin: acc = v.real() < acc.real() ? v : acc; break;
-          case ReduceOp::kMax: acc = acc.real() < v.real() ? v : acc; break;
+          case Reduction::kSum: acc += v; break;
+          case Reduction::kProduct: acc = is_complex(t) ? acc * v : std::complex<double>(acc.real() * v.real()); break;
+          case Reduction::kMin: acc = v.real() < acc.real() ? v : acc; break;
+          case Reduction::kMax: acc = acc.real() < v.real() ? v : acc; break;
           default: break;
         }
       }
@@ -233,22 +233,22 @@ inline void reference(DataType t, ReduceOp op, int n, size_t count, int salt, bo
   }
 }
 
-inline const std::vector<DataType>& all_dtypes() {
-  static const std::vector<DataType> v = {
-      DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
-      DataType::kInt8,    DataType::kUInt8,   DataType::kInt16,   DataType::kInt32,
-      DataType::kInt64,   DataType::kBool,    DataType::kComplex64, DataType::kComplex128};
+inline const std::vector<ElementType>& all_dtypes() {
+  static const std::vector<ElementType> v = {
+      ElementType::kFloat32, ElementType::kFloat64, ElementType::kFloat16, ElementType::kBFloat16,
+      ElementType::kInt8,    ElementType::kUInt8,   ElementType::kInt16,   ElementType::kInt32,
+      ElementType::kInt64,   ElementType::kBool,    ElementType::kComplex64, ElementType::kComplex128};
   return v;
 }
-inline const std::vector<ReduceOp>& all_ops() {
-  static const std::vector<ReduceOp> v = {ReduceOp::kSum,  ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
-                                          ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
+inline const std::vector<Reduction>& all_ops() {
+  static const std::vector<Reduction> v = {Reduction::kSum,  Reduction::kProduct, Reduction::kMin, Reduction::kMax,
+                                          Reduction::kBand, Reduction::kBor,     Reduction::kBxor};
   return v;
 }
-inline bool supported(DataType t, ReduceOp op) {
-  bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+inline bool supported(ElementType t, Reduction op) {
+  bool bitwise = op == Reduction::kBand || op == Reduction::kBor || op == Reduction::kBxor;
   if (bitwise) return !is_float(t) && !is_complex(t);
-  if (is_complex(t)) return op == ReduceOp::kSum || op == ReduceOp::kProduct;
+  if (is_complex(t)) return op == Reduction::kSum || op == Reduction::kProduct;
   return true;
 }
 

@@ -17,23 +17,23 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Runs fn, expects an EngineError of `kind` whose text contains every needle; returns the message.
-std::string expect_error(const std::function<void()>& fn, ErrorKind kind, const std::vector<std::string>& needles) {
+// Runs fn, expects an CommError of `kind` whose text contains every needle; returns the message.
+std::string expect_error(const std::function<void()>& fn, FailureKind kind, const std::vector<std::string>& needles) {
   try {
     fn();
-  } catch (const EngineError& e) {
+  } catch (const CommError& e) {
     std::string msg = e.what();
     CHECK(e.kind == kind, "wrong error kind " << static_cast<int>(e.kind) << ": " << msg);
     for (const auto& s : needles) CHECK(msg.find(s) != std::string::npos, "message lacks '" << s << "': " << msg);
     std::cout << "ERROR: " << msg << std::endl;
     return msg;
   }
-  throw std::runtime_error("expected an EngineError, none was raised");
+  throw std::runtime_error("expected an CommError, none was raised");
 }
 
 void check_sum_works(ShmEngine& c, uint64_t seq) {
   std::vector<float> v(5, 1.0f + c.rank());
-  c.all_reduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, OpInfo{"all_reduce", seq});
+  c.all_reduce(v.data(), v.data(), v.size(), ElementType::kFloat32, Reduction::kSum, CollectiveInfo{"all_reduce", seq});
   float want = 0;
   for (int j = 0; j < c.size(); ++j) want += 1.0f + j;
   CHECK(v[0] == want && v[4] == want, "all_reduce after a mismatch gave " << v[0]);
@@ -46,26 +46,26 @@ void run_mismatch(const Args& a) {
   const std::string who = "rank " + std::to_string(odd) + " called";
   std::vector<float> buf(64, 1.0f), out(64 * a.size);
   uint64_t seq = 0;
-  auto ar = [&](size_t count, DataType t, ReduceOp op) {
-    c->all_reduce(buf.data(), buf.data(), count, t, op, OpInfo{"all_reduce", ++seq});
+  auto ar = [&](size_t count, ElementType t, Reduction op) {
+    c->all_reduce(buf.data(), buf.data(), count, t, op, CollectiveInfo{"all_reduce", ++seq});
   };
-  expect_error([&] { ar(me ? 7 : 8, DataType::kFloat32, ReduceOp::kSum); }, ErrorKind::kMismatch, {who, "element count"});
+  expect_error([&] { ar(me ? 7 : 8, ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "element count"});
   check_sum_works(*c, ++seq);
-  expect_error([&] { ar(8, me ? DataType::kInt32 : DataType::kFloat32, ReduceOp::kSum); }, ErrorKind::kMismatch, {who, "dtype"});
+  expect_error([&] { ar(8, me ? ElementType::kInt32 : ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "dtype"});
   check_sum_works(*c, ++seq);
-  expect_error([&] { ar(8, DataType::kFloat32, me ? ReduceOp::kMax : ReduceOp::kSum); }, ErrorKind::kMismatch, {who, "reduce op"});
+  expect_error([&] { ar(8, ElementType::kFloat32, me ? Reduction::kMax : Reduction::kSum); }, FailureKind::kMismatch, {who, "reduce op"});
   check_sum_works(*c, ++seq);
-  expect_error([&] { c->broadcast(buf.data(), 16, me ? 1 : 0, OpInfo{"broadcast", ++seq}); }, ErrorKind::kMismatch, {who, "root"});
+  expect_error([&] { c->broadcast(buf.data(), 16, me ? 1 : 0, CollectiveInfo{"broadcast", ++seq}); }, FailureKind::kMismatch, {who, "root"});
   check_sum_works(*c, ++seq);
   expect_error([&] {
-    if (me) c->all_gather(buf.data(), out.data(), 16, OpInfo{"all_gather", ++seq});
-    else ar(4, DataType::kFloat32, ReduceOp::kSum);
-  }, ErrorKind::kMismatch, {who + " all_gather", "collective"});
+    if (me) c->all_gather(buf.data(), out.data(), 16, CollectiveInfo{"all_gather", ++seq});
+    else ar(4, ElementType::kFloat32, Reduction::kSum);
+  }, FailureKind::kMismatch, {who + " all_gather", "collective"});
   check_sum_works(*c, ++seq);
   // A rank that skipped a collective shows up as a sequence-number disagreement.
-  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 8, DataType::kFloat32, ReduceOp::kSum,
-                                   OpInfo{"all_reduce", me ? seq + 2 : seq + 1}); },
-               ErrorKind::kMismatch, {who, "sequence number"});
+  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 8, ElementType::kFloat32, Reduction::kSum,
+                                   CollectiveInfo{"all_reduce", me ? seq + 2 : seq + 1}); },
+               FailureKind::kMismatch, {who, "sequence number"});
   seq += 2;
   check_sum_works(*c, ++seq);
   // all_to_all: the last rank expects one byte more from rank 0 than rank 0 sends.
@@ -73,15 +73,15 @@ void run_mismatch(const Args& a) {
   for (int j = 0; j < a.size; ++j) { so[j] = 4 * j; ro[j] = 8 * j; }
   if (me) rc[0] = 5;
   std::vector<uint8_t> in(4 * a.size), o(8 * a.size);
-  expect_error([&] { c->all_to_all(in.data(), sc.data(), so.data(), o.data(), rc.data(), ro.data(), OpInfo{"all_to_all", ++seq}); },
-               ErrorKind::kMismatch, {"rank 0 sends 4 bytes to rank " + std::to_string(odd)});
+  expect_error([&] { c->all_to_all(in.data(), sc.data(), so.data(), o.data(), rc.data(), ro.data(), CollectiveInfo{"all_to_all", ++seq}); },
+               FailureKind::kMismatch, {"rank 0 sends 4 bytes to rank " + std::to_string(odd)});
   check_sum_works(*c, ++seq);
 }
 
 void run_timeout(const Args& a) {
   auto c = connect(a);
   const int late = a.size - 1;
-  c->barrier(OpInfo{"barrier", 1});
+  c->barrier(CollectiveInfo{"barrier", 1});
   if (a.rank == late) {
     // Stay alive (so this is a timeout, not a death) but never join the next collective.
     std::this_thread::sleep_for(std::chrono::milliseconds(a.timeout_ms + 2500));
@@ -89,13 +89,13 @@ void run_timeout(const Args& a) {
   }
   std::vector<float> v(16, 1.0f);
   auto t0 = Clock::now();
-  expect_error([&] { c->all_reduce(v.data(), v.data(), 16, DataType::kFloat32, ReduceOp::kSum, OpInfo{"all_reduce", 2}); },
-               ErrorKind::kTimeout, {"all_reduce", "seq=2", "ranks [" + std::to_string(late) + "] did not arrive", "barrier"});
+  expect_error([&] { c->all_reduce(v.data(), v.data(), 16, ElementType::kFloat32, Reduction::kSum, CollectiveInfo{"all_reduce", 2}); },
+               FailureKind::kTimeout, {"all_reduce", "seq=2", "ranks [" + std::to_string(late) + "] did not arrive", "barrier"});
   double dt = seconds_since(t0);
   CHECK(dt >= a.timeout_ms / 1000.0 - 0.05 && dt < a.timeout_ms / 1000.0 + 1.5, "timeout fired after " << dt << " s");
   // The communicator stays failed: the next call reports the same error at once.
   t0 = Clock::now();
-  expect_error([&] { c->barrier(OpInfo{"barrier", 3}); }, ErrorKind::kTimeout, {"did not arrive"});
+  expect_error([&] { c->barrier(CollectiveInfo{"barrier", 3}); }, FailureKind::kTimeout, {"did not arrive"});
   CHECK(seconds_since(t0) < 0.5, "broken communicator did not fail fast");
 }
 
@@ -103,7 +103,7 @@ void run_kill(const Args& a) {
   auto c = connect(a);
   const int victim = a.size - 1;
   std::vector<float> v(1 << 16, 1.0f);
-  c->all_reduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, OpInfo{"all_reduce", 1});
+  c->all_reduce(v.data(), v.data(), v.size(), ElementType::kFloat32, Reduction::kSum, CollectiveInfo{"all_reduce", 1});
   if (a.rank == victim) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     kill(getpid(), SIGKILL);
@@ -113,37 +113,37 @@ void run_kill(const Args& a) {
     // Alternate a reduction (staging slots) and an all_gather (direct reads when enabled).
     std::vector<float> g(v.size() * a.size);
     for (uint64_t s = 2; s < 1000000; s += 2) {
-      c->all_reduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, OpInfo{"all_reduce", s});
-      c->all_gather(v.data(), g.data(), v.size() * 4, OpInfo{"all_gather", s + 1});
+      c->all_reduce(v.data(), v.data(), v.size(), ElementType::kFloat32, Reduction::kSum, CollectiveInfo{"all_reduce", s});
+      c->all_gather(v.data(), g.data(), v.size() * 4, CollectiveInfo{"all_gather", s + 1});
     }
-  }, ErrorKind::kPeerDied, {"rank " + std::to_string(victim)});
+  }, FailureKind::kPeerDied, {"rank " + std::to_string(victim)});
   double dt = seconds_since(t0);
   CHECK(dt < 3.0, "dead peer noticed only after " << dt << " s (timeout " << a.timeout_ms << " ms)");
 }
 
 void run_abort(const Args& a) {
   auto c = connect(a);
-  c->barrier(OpInfo{"barrier", 1});
+  c->barrier(CollectiveInfo{"barrier", 1});
   auto t0 = Clock::now();
   if (a.rank == 0) {
     std::thread t([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       c->abort("test requested abort");
     });
-    expect_error([&] { c->barrier(OpInfo{"barrier", 2}); }, ErrorKind::kAborted, {"test requested abort"});
+    expect_error([&] { c->barrier(CollectiveInfo{"barrier", 2}); }, FailureKind::kAborted, {"test requested abort"});
     t.join();
     CHECK(seconds_since(t0) < 2.0, "abort took " << seconds_since(t0) << " s");
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    expect_error([&] { c->barrier(OpInfo{"barrier", 2}); }, ErrorKind::kAborted, {"test requested abort", "by rank 0"});
+    expect_error([&] { c->barrier(CollectiveInfo{"barrier", 2}); }, FailureKind::kAborted, {"test requested abort", "by rank 0"});
   }
-  expect_error([&] { c->send("x", 1, (a.rank + 1) % a.size, 0); }, ErrorKind::kAborted, {"aborted"});
+  expect_error([&] { c->send("x", 1, (a.rank + 1) % a.size, 0); }, FailureKind::kAborted, {"aborted"});
 }
 
 void run_connect_timeout(const Args& a) {
   if (a.rank == a.size - 1) return;  // never connects
   if (a.rank != 0) { auto c = connect(a); return; }
-  expect_error([&] { connect(a); }, ErrorKind::kTimeout, {"did not attach", std::to_string(a.size - 1)});
+  expect_error([&] { connect(a); }, FailureKind::kTimeout, {"did not attach", std::to_string(a.size - 1)});
 }
 
 }  // namespace
@@ -178,7 +178,7 @@ void run_p2p(const Args& a, ShmEngine& c) {
     // A receive with the wrong tag fails clearly and leaves the message for the right receive.
     int32_t v = 7 + r, got = -1;
     c.send(&v, 4, peer, 60);
-    expect_error([&] { c.recv(&got, 4, peer, 61); }, ErrorKind::kMismatch, {"tag 61", "tag 60"});
+    expect_error([&] { c.recv(&got, 4, peer, 61); }, FailureKind::kMismatch, {"tag 61", "tag 60"});
     c.recv(&got, 4, peer, 60);
     CHECK(got == 7 + peer, "p2p after a tag mismatch got " << got);
   }
@@ -187,7 +187,7 @@ void run_p2p(const Args& a, ShmEngine& c) {
     std::vector<int64_t> v(3000);
     for (int it = 0; it < 40; ++it) {
       for (size_t k = 0; k < v.size(); ++k) v[k] = r + it + static_cast<int64_t>(k);
-      c.all_reduce(v.data(), v.data(), v.size(), DataType::kInt64, ReduceOp::kSum, OpInfo{"all_reduce", 1000u + it});
+      c.all_reduce(v.data(), v.data(), v.size(), ElementType::kInt64, Reduction::kSum, CollectiveInfo{"all_reduce", 1000u + it});
       for (size_t k = 0; k < v.size(); ++k) {
         int64_t want = static_cast<int64_t>(n) * (it + static_cast<int64_t>(k)) + static_cast<int64_t>(n) * (n - 1) / 2;
         CHECK(v[k] == want, "all_reduce concurrent with p2p: got " << v[k] << " want " << want);
@@ -203,7 +203,7 @@ void run_p2p(const Args& a, ShmEngine& c) {
   }
   coll.join();
   bool threw = false;
-  try { c.send("x", 1, r, 0); } catch (const EngineError& e) { threw = e.kind == ErrorKind::kInvalidArgument; }
+  try { c.send("x", 1, r, 0); } catch (const CommError& e) { threw = e.kind == FailureKind::kInvalidArgument; }
   CHECK(threw, "send to self did not raise kInvalidArgument");
 }
 

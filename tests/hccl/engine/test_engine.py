@@ -23,10 +23,12 @@ pytestmark = pytest.mark.timeout(400)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ENGINE = os.path.join(ROOT, "npudist", "hccl", "engine")
+VOCABULARY = os.path.join(ROOT, "npudist", "hccl", "csrc", "include")   # npudist/comm_types.h
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = sorted(glob.glob(os.path.join(ENGINE, "*.cpp"))) + [
     os.path.join(HERE, "driver.cpp"), os.path.join(HERE, "driver_faults.cpp")]
-HEADERS = sorted(glob.glob(os.path.join(ENGINE, "*.h"))) + [os.path.join(HERE, "driver_common.h")]
+HEADERS = sorted(glob.glob(os.path.join(ENGINE, "*.h"))) + [os.path.join(HERE, "driver_common.h"),
+                                                           os.path.join(VOCABULARY, "npudist", "comm_types.h")]
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +57,7 @@ def build(out_dir, binary):
             src = pending.pop(0)
             obj = os.path.join(out_dir, os.path.basename(src) + ".%d.o" % os.getpid())
             objs.append(obj)
-            cmd = ["g++", "-std=c++17", "-O2", "-pthread", "-Wall", "-I", ENGINE, "-c", src, "-o", obj]
+            cmd = ["g++", "-std=c++17", "-O2", "-pthread", "-Wall", "-I", ENGINE, "-I", VOCABULARY, "-c", src, "-o", obj]
             running.append((subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True), src))
         proc, src = running.pop(0)
         _, err = proc.communicate(timeout=600)

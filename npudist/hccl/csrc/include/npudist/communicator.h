@@ -21,47 +21,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
-#include <vector>
+
+#include "npudist/comm_types.h"
 
 namespace npudist::comm {
-
-enum class ElementType : uint8_t {
-  kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8, kInt16, kInt32, kInt64, kBool,
-  kComplex64, kComplex128,
-};
-
-inline size_t element_bytes(ElementType t) {
-  switch (t) {
-    case ElementType::kFloat64: case ElementType::kInt64: case ElementType::kComplex64: return 8;
-    case ElementType::kComplex128: return 16;
-    case ElementType::kFloat32: case ElementType::kInt32: return 4;
-    case ElementType::kFloat16: case ElementType::kBFloat16: case ElementType::kInt16: return 2;
-    case ElementType::kInt8: case ElementType::kUInt8: case ElementType::kBool: return 1;
-  }
-  return 1;
-}
-
-// How contributions combine; AVG and PREMUL_SUM are kSum plus a post-scale (see above).
-enum class Reduction : uint8_t { kSum, kProduct, kMin, kMax, kBand, kBor, kBxor };
-
-// What went wrong, so the process group can raise the right torch error type.
-enum class FailureKind { kTimeout, kPeerDied, kMismatch, kAborted, kInvalidArgument, kSystem };
-
-struct CommError : std::runtime_error {
-  CommError(FailureKind k, const std::string& msg, std::vector<int> who = {})
-      : std::runtime_error(msg), kind(k), ranks(std::move(who)) {}
-  FailureKind kind;
-  // Ranks the error is about (did not arrive / died / disagree), in global numbering where known. May be empty.
-  std::vector<int> ranks;
-};
-
-// Per-collective description: every rank's must agree (implementations may check and report kMismatch).
-struct CollectiveInfo {
-  const char* op = "";   // "all_reduce", "broadcast", ...
-  uint64_t seq = 0;      // the group's collective sequence number, reported in errors
-};
 
 // The device stream an op is ordered on: the group's comm stream on `device`, or none (device -1) for
 // host buffers (cpu tensors).

@@ -17,7 +17,7 @@
 #include "sync.h"
 #include "transport.h"
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 
 class ShmEngineImpl final : public ShmEngine {
  public:
@@ -27,19 +27,19 @@ class ShmEngineImpl final : public ShmEngine {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, const OpInfo& info,
+  void all_reduce(const void* in, void* out, size_t count, ElementType t, Reduction op, const CollectiveInfo& info,
                   double scale) override;
-  void reduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
-              const OpInfo& info, double scale) override;
-  void broadcast(void* buf, size_t bytes, int root, const OpInfo& info) override;
-  void all_gather(const void* in, void* out, size_t bytes, const OpInfo& info) override;
-  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, const OpInfo& info,
+  void reduce(const void* in, void* out, size_t count, ElementType t, Reduction op, int root,
+              const CollectiveInfo& info, double scale) override;
+  void broadcast(void* buf, size_t bytes, int root, const CollectiveInfo& info) override;
+  void all_gather(const void* in, void* out, size_t bytes, const CollectiveInfo& info) override;
+  void reduce_scatter(const void* in, void* out, size_t count, ElementType t, Reduction op, const CollectiveInfo& info,
                       double scale) override;
   void all_to_all(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
-                  const size_t* recv_counts, const size_t* recv_offsets, const OpInfo& info) override;
-  void gather(const void* in, void* out, size_t bytes, int root, const OpInfo& info) override;
-  void scatter(const void* in, void* out, size_t bytes, int root, const OpInfo& info) override;
-  void barrier(const OpInfo& info) override;
+                  const size_t* recv_counts, const size_t* recv_offsets, const CollectiveInfo& info) override;
+  void gather(const void* in, void* out, size_t bytes, int root, const CollectiveInfo& info) override;
+  void scatter(const void* in, void* out, size_t bytes, int root, const CollectiveInfo& info) override;
+  void barrier(const CollectiveInfo& info) override;
   void send(const void* buf, size_t bytes, int peer, int tag) override;
   void recv(void* buf, size_t bytes, int peer, int tag) override;
   bool peek(int peer, int64_t* tag, uint64_t* bytes) override;  // probe.cpp
@@ -48,7 +48,7 @@ class ShmEngineImpl final : public ShmEngine {
 
  private:
   // --- step machinery (comm.cpp) ---
-  OpDesc make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const;
+  OpDesc make_desc(OpKind kind, const CollectiveInfo& info, uint64_t count, int root) const;
   // Starts a collective: fails fast if broken/aborted, publishes `d` for the next step.
   void begin(const OpDesc& d, const size_t* a2a_send = nullptr, const size_t* a2a_recv = nullptr,
              const size_t* a2a_send_offsets = nullptr);
@@ -103,17 +103,17 @@ class ShmEngineImpl final : public ShmEngine {
   // The same for p2p receives from `peer`: a cache only the thread receiving from `peer` touches.
   const char* map_shared_p2p(int peer, const SharedBuffer& b);
   bool send_zero_copy(const void* buf, size_t bytes, int peer, int tag, const WaitContext& ctx);
-  void all_reduce_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale);
-  void reduce_scatter_zc(const void* in, void* out, size_t count, DataType t, ReduceOp op, double scale);
+  void all_reduce_zc(const void* in, void* out, size_t count, ElementType t, Reduction op, double scale);
+  void reduce_scatter_zc(const void* in, void* out, size_t count, ElementType t, Reduction op, double scale);
   void all_gather_zc(const void* in, void* out, size_t bytes);
   void broadcast_zc(void* buf, size_t bytes, int root);
   void all_to_all_zc(const void* in, const size_t* send_counts, const size_t* send_offsets, void* out,
                      const size_t* recv_counts, const size_t* recv_offsets);
 
   // --- algorithms (collectives.cpp) ---
-  void reduce_one_shot(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+  void reduce_one_shot(const void* in, void* out, size_t count, ElementType t, Reduction op, int root,
                        double scale);
-  void reduce_pipelined(const void* in, void* out, size_t count, DataType t, ReduceOp op, int root,
+  void reduce_pipelined(const void* in, void* out, size_t count, ElementType t, Reduction op, int root,
                         double scale);
 
   CommConfig cfg_;
@@ -146,11 +146,11 @@ class ShmEngineImpl final : public ShmEngine {
   uint64_t wait_target_ = 0;
   OpDesc cur_{};
   WaitContext ctx_;
-  std::optional<EngineError> broken_;
+  std::optional<CommError> broken_;
   std::vector<const void*> srcs_;
   std::vector<OpDesc> peer_descs_;
   std::vector<uint64_t> a2a_offsets_;
 
 };
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail

@@ -1,21 +1,21 @@
 // ShmEngine construction, the step machinery, failure handling and abort (see comm.h).
-#include "comm.h"
+#include "shm_engine_impl.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #include "diagnostics.h"
 
-namespace npudist::hccl {
+namespace npudist::shm {
 
 std::unique_ptr<ShmEngine> ShmEngine::connect(const CommConfig& cfg, Bootstrap& bootstrap) {
   auto seg = detail::Segment::connect(cfg, bootstrap);
   return std::make_unique<detail::ShmEngineImpl>(cfg, std::move(seg));
 }
 
-}  // namespace npudist::hccl
+}  // namespace npudist::shm
 
-namespace npudist::hccl::detail {
+namespace npudist::shm::detail {
 namespace {
 
 size_t env_kib(const char* name, size_t def_bytes) {
@@ -78,7 +78,7 @@ std::string ShmEngineImpl::describe_peer_state(int r) const {
   return who + " last entered " + describe_op(d);
 }
 
-OpDesc ShmEngineImpl::make_desc(OpKind kind, const OpInfo& info, uint64_t count, int root) const {
+OpDesc ShmEngineImpl::make_desc(OpKind kind, const CollectiveInfo& info, uint64_t count, int root) const {
   OpDesc d{};
   d.kind = kind;
   d.seq = info.seq;
@@ -90,7 +90,7 @@ OpDesc ShmEngineImpl::make_desc(OpKind kind, const OpInfo& info, uint64_t count,
 }
 
 void ShmEngineImpl::check_usable() {
-  if (broken_) throw EngineError(broken_->kind, broken_->what(), broken_->ranks);
+  if (broken_) throw CommError(broken_->kind, broken_->what(), broken_->ranks);
   if (seg_->header()->aborted.load(std::memory_order_acquire)) throw_aborted();
 }
 
@@ -154,7 +154,7 @@ void ShmEngineImpl::check_descriptors() {
     // A rank whose descriptor belongs to another step is out of lock-step: the communicator cannot recover.
     bool desync = false;
     for (int j = 0; j < size_; ++j) desync |= seg_->ctl(j)->desc[parity].step != step_;
-    EngineError err(ErrorKind::kMismatch,
+    CommError err(FailureKind::kMismatch,
                     "npudist engine: mismatched collective on communicator '" + cfg_.name + "' (rank " +
                         std::to_string(global_rank(rank_)) + "): " + problem,
                     culprits);
@@ -165,7 +165,7 @@ void ShmEngineImpl::check_descriptors() {
     problem = check_all_to_all_counts(*seg_, size_, parity, [this](int r) { return global_rank(r); },
                                       &culprits);
     if (!problem.empty())
-      throw EngineError(ErrorKind::kMismatch,
+      throw CommError(FailureKind::kMismatch,
                         "npudist engine: mismatched all_to_all split sizes on communicator '" + cfg_.name +
                             "': " + problem,
                         culprits);
@@ -176,7 +176,7 @@ void ShmEngineImpl::throw_aborted() {
   SegHeader* h = seg_->header();
   for (int i = 0; i < 100000 && h->aborted.load(std::memory_order_acquire) == 2; ++i) sched_yield();
   std::string reason(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
-  throw EngineError(ErrorKind::kAborted,
+  throw CommError(FailureKind::kAborted,
                     "npudist engine: communicator '" + cfg_.name + "' was aborted: " + reason);
 }
 
@@ -185,7 +185,7 @@ void ShmEngineImpl::fail_wait(int why, int peer) {
   std::string op = describe_op(cur_);
   if (why == kWhyPeerDied) {
     const RankCtl* c = seg_->ctl(peer);
-    broken_ = EngineError(ErrorKind::kPeerDied,
+    broken_ = CommError(FailureKind::kPeerDied,
                           "npudist engine: rank " + std::to_string(global_rank(peer)) + " (pid " +
                               std::to_string(c->proc.pid) + ") exited while rank " +
                               std::to_string(global_rank(rank_)) + " waited for it in " + op +
@@ -202,7 +202,7 @@ void ShmEngineImpl::fail_wait(int why, int peer) {
   }
   std::vector<int> gmissing;
   for (int j : missing) gmissing.push_back(global_rank(j));
-  broken_ = EngineError(ErrorKind::kTimeout,
+  broken_ = CommError(FailureKind::kTimeout,
                         "npudist engine: " + op + " on communicator '" + cfg_.name + "' timed out after " +
                             std::to_string(cfg_.timeout.count()) + " ms on rank " +
                             std::to_string(global_rank(rank_)) + ": ranks " + rank_list(missing) +
@@ -230,4 +230,4 @@ void ShmEngineImpl::abort(const std::string& reason) {
   }
 }
 
-}  // namespace npudist::hccl::detail
+}  // namespace npudist::shm::detail
