@@ -1,4 +1,5 @@
-"""MoE inference routing: ``npu_moe_init_routing_v2`` (expand tokens by expert, optional dynamic int8 quant) and
+"""MoE inference routing: the trio ``npu_moe_init_routing`` / ``npu_moe_finalize_routing`` /
+``npu_moe_compute_expert_tokens`` (at the end of this file), ``npu_moe_init_routing_v2`` (expand tokens by expert, optional dynamic int8 quant) and
 ``npu_grouped_matmul_finalize_routing`` (experts' grouped matmul fused with the weighted combine).
 
 ``npu_moe_init_routing_v2(x, expert_idx, *, scale, offset, active_num, expert_capacity, expert_num,
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import torch
 from torch.library import custom_op
+
+from npudist.ops.moe import _acc_dtype
 
 _INIT = "npu_moe_init_routing_v2"
 _FINALIZE = "npu_grouped_matmul_finalize_routing"
@@ -305,3 +308,111 @@ for _name, _schema, _fn in (
     _lib.define(_name + _schema)
     # Composite: tracing sees the positional kernel it decomposes into (custom ops take no keyword-only tensors).
     _lib.impl(_name, _fn, "CompositeImplicitAutograd")
+
+
+# ---- the first inference routing trio: init_routing -> experts -> finalize_routing, compute_expert_tokens -----------------------------------------
+def _check_init_routing(x, row_idx, expert_idx, active_num):
+    op = "npu_moe_init_routing"
+    if x.dim() != 2 or expert_idx.dim() != 2 or expert_idx.shape[0] != x.shape[0]:
+        _fail(op, f"x (NUM_ROWS, H) and expert_idx (NUM_ROWS, K) must be 2-D with equal rows, got "
+                  f"{tuple(x.shape)} and {tuple(expert_idx.shape)}")
+    if tuple(row_idx.shape) != tuple(expert_idx.shape):
+        _fail(op, f"row_idx must have expert_idx's shape {tuple(expert_idx.shape)}, got {tuple(row_idx.shape)}")
+    if active_num < 0:
+        _fail(op, f"active_num must be >= 0, got {active_num}")
+    return min(x.shape[0], active_num) * expert_idx.shape[1]
+
+
+@custom_op("npu::npu_moe_init_routing", mutates_args=(), device_types="npu",
+           schema="(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor, Tensor, Tensor)")
+def npu_moe_init_routing(x, row_idx, expert_idx, active_num):
+    rows = _check_init_routing(x, row_idx, expert_idx, active_num)
+    experts, rids = expert_idx.reshape(-1).long(), row_idx.reshape(-1).long()
+    # key-value sort of (expert, row index): equal experts keep their rows in ascending row_idx order
+    order = torch.argsort(experts * (rids.numel() + 1) + rids, stable=True)
+    sorted_rows = rids[order]
+    expanded_row_idx = torch.empty_like(sorted_rows).scatter_(
+        0, sorted_rows, torch.arange(sorted_rows.numel(), device=x.device))
+    expanded_x = x.index_select(0, sorted_rows[:rows] % x.shape[0])
+    return expanded_x, expanded_row_idx.to(torch.int32), experts[order].to(expert_idx.dtype)
+
+
+@npu_moe_init_routing.register_fake
+def _(x, row_idx, expert_idx, active_num):
+    rows = _check_init_routing(x, row_idx, expert_idx, active_num)
+    n = expert_idx.numel()
+    return x.new_empty(rows, x.shape[1]), x.new_empty(n, dtype=torch.int32), expert_idx.new_empty(n)
+
+
+def _check_finalize_routing(rows, skip1, skip2, bias, scales, src_to_dst, expert_for_row, drop_pad_mode, k):
+    op = "npu_moe_finalize_routing"
+    if drop_pad_mode not in (None, 0):
+        _fail(op, f"drop_pad_mode must be 0 (the only mode Ascend documents), got {drop_pad_mode}")
+    if skip2 is not None and skip1 is None:
+        _fail(op, "skip2 needs skip1 (Ascend: when skip2 is None skip1 must be None too, so pass skip1 first)")
+    kk = scales.shape[1] if scales is not None else (k or 1)
+    if rows.dim() != 2 or src_to_dst.dim() != 1 or src_to_dst.numel() % kk or src_to_dst.numel() != rows.shape[0]:
+        _fail(op, f"expanded_permuted_rows (NUM_ROWS*K, H) and expanded_src_to_dst_row (NUM_ROWS*K,) must match "
+                  f"with K={kk}, got {tuple(rows.shape)} and {tuple(src_to_dst.shape)}")
+    n = src_to_dst.numel() // kk
+    if bias is not None and (expert_for_row is None or tuple(expert_for_row.shape) != (n, kk)):
+        _fail(op, f"bias needs export_for_source_row of shape ({n}, {kk})")
+    for name, t in (("skip1", skip1), ("skip2", skip2)):
+        if t is not None and tuple(t.shape) != (n, rows.shape[1]):
+            _fail(op, f"{name} must have shape ({n}, {rows.shape[1]}), got {tuple(t.shape)}")
+    return n, kk
+
+
+@custom_op("npu::npu_moe_finalize_routing", mutates_args=(), device_types="npu", schema=(
+    "(Tensor expanded_permuted_rows, Tensor? skip1, Tensor? skip2, Tensor? bias, Tensor? scales, "
+    "Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int? drop_pad_mode=0, int? k=1) -> Tensor"))
+def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                             export_for_source_row, drop_pad_mode=0, k=1):
+    n, kk = _check_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                            export_for_source_row, drop_pad_mode, k)
+    acc = _acc_dtype(expanded_permuted_rows)
+    # pair (i, k) of the output reads expanded_src_to_dst_row[i + k * NUM_ROWS]
+    dst = expanded_src_to_dst_row.long().view(kk, n).t()
+    rows = expanded_permuted_rows.to(acc).index_select(0, dst.reshape(-1)).view(n, kk, -1)
+    if bias is not None:
+        rows = rows + bias.to(acc).index_select(0, export_for_source_row.long().reshape(-1)).view(n, kk, -1)
+    if scales is not None:
+        rows = rows * scales.to(acc).unsqueeze(-1)
+    out = rows.sum(1)
+    for skip in (skip1, skip2):
+        if skip is not None:
+            out = out + skip.to(acc)
+    return out.to(expanded_permuted_rows.dtype)
+
+
+@npu_moe_finalize_routing.register_fake
+def _(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row,
+      drop_pad_mode=0, k=1):
+    n, _ = _check_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                           export_for_source_row, drop_pad_mode, k)
+    return expanded_permuted_rows.new_empty(n, expanded_permuted_rows.shape[1])
+
+
+def _check_expert_tokens(sorted_experts, num_expert):
+    if sorted_experts.dim() != 1 or sorted_experts.dtype not in (torch.int32, torch.int64):
+        _fail("npu_moe_compute_expert_tokens", f"sorted_expert_for_source_row must be a 1-D int32 tensor, got "
+                                               f"{sorted_experts.dtype} {tuple(sorted_experts.shape)}")
+    if not 0 < num_expert <= 2048:
+        _fail("npu_moe_compute_expert_tokens", f"num_expert must be in (0, 2048], got {num_expert}")
+
+
+@custom_op("npu::npu_moe_compute_expert_tokens", mutates_args=(), device_types="npu",
+           schema="(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor")
+def npu_moe_compute_expert_tokens(sorted_expert_for_source_row, num_expert):
+    """expert_tokens[i] = the end (exclusive) of expert i's rows: a binary search over the sorted experts."""
+    _check_expert_tokens(sorted_expert_for_source_row, num_expert)
+    experts = torch.arange(num_expert, device=sorted_expert_for_source_row.device,
+                           dtype=sorted_expert_for_source_row.dtype)
+    return torch.searchsorted(sorted_expert_for_source_row, experts, right=True).to(
+        sorted_expert_for_source_row.dtype)
+
+
+@npu_moe_compute_expert_tokens.register_fake
+def _(sorted_expert_for_source_row, num_expert):
+    _check_expert_tokens(sorted_expert_for_source_row, num_expert)
+    return sorted_expert_for_source_row.new_empty(num_expert)
