@@ -13,10 +13,11 @@ backward).
 * ``npu_quant_max(x, scale, *, round_mode="rint", dst_dtype=291, group_list=None) -> (y, amax)``: without
   ``group_list`` (or with one entry) ``y = cast(x * scale[0])`` and ``amax = [max|x|]``; with ``group_list``
   (cumulative row ends along dim 0, ``G`` entries) group ``g`` is rows ``group_list[g-1]:group_list[g]`` (from 0
-  for g = 0): ``y = cast(x_g * scale[g])`` and ``amax[g] = max|x_g|`` (0 for an empty group). ``dst_dtype`` is torch_npu's enum (291
-  float8_e5m2, 292 float8_e4m3fn; torch's ScalarType numbers 23 / 24 and the torch dtypes themselves are accepted
-  too, as the ScalarType numbers they pass as); the cast rounds to nearest even and saturates at the format's largest finite value (the quantisation
-  convention of npudist.ops.quant), NaN stays NaN. ``amax`` has x's dtype.
+  for g = 0): ``y = cast(x_g * scale[g])`` and ``amax[g] = max|x_g|`` (0 for an empty group). ``dst_dtype`` is
+  torch_npu's enum (291 float8_e5m2, 292 float8_e4m3fn; torch's ScalarType numbers 23 / 24 and the torch dtypes
+  themselves are accepted too, as the ScalarType numbers they pass as); the cast rounds to nearest even and
+  saturates at the format's largest finite value (the quantisation convention of npudist.ops.quant), NaN stays
+  NaN. ``amax`` has x's dtype.
 
 Refused with a ValueError naming the argument: ``dst_type`` other than 1 (int8, the one value the page supports)
 and ``dst_type_max`` other than 0.0 (no formula given), ``round_mode`` other than "rint"; for ``npu_quant_max``
