@@ -80,3 +80,5 @@ from npudist.ops import block_sparse_attention  # noqa: F401, E402  (registratio
 OPS += ("npu_block_sparse_attention",)
 from npudist.ops import swiglu_quant  # noqa: F401, E402  (registration)
 OPS += ("npu_swiglu_quant", "npu_dequant_swiglu_quant")
+from npudist.ops import mhc  # noqa: F401, E402  (registration)
+OPS += ("npu_mhc_post", "npu_mhc_post_backward")
