@@ -8,6 +8,7 @@ import torch
 import torch_npu
 
 from ._common import NPU, ops
+from ._fp8 import fp8_ref
 
 
 def _round_half_even(v):
@@ -60,23 +61,6 @@ def test_dynamic_block_quant_zero_block_and_bad_arguments():
             torch_npu.npu_dynamic_block_quant(x.to(NPU), **kw)
 
 
-def _fp8_table(dtype):
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    vals = codes.view(dtype).double()
-    ok = torch.isfinite(vals)
-    return vals[ok].tolist(), codes[ok].tolist()
-
-
-def _fp8_ref(v, dtype):
-    if math.isnan(v):
-        return v
-    vals, codes = _fp8_table(dtype)
-    top = max(vals)
-    v = max(-top, min(top, v))
-    best = min(range(len(vals)), key=lambda i: (abs(vals[i] - v), codes[i] & 1))  # ties: even code
-    return vals[best]
-
-
 @pytest.mark.parametrize("dst", [291, 292, torch.float8_e5m2, torch.float8_e4m3fn])
 @pytest.mark.parametrize("grouped", [False, True])
 def test_quant_max(dst, grouped):
@@ -96,7 +80,7 @@ def test_quant_max(dst, grouped):
         want_amax.append(rows.abs().max().item() if b > a else 0.0)
         for i in range(a, b):
             for j in range(4):
-                want = _fp8_ref(x[i, j].float().item() * scale[gi].item(), dtype)
+                want = fp8_ref(x[i, j].float().item() * scale[gi].item(), dtype)
                 assert y.cpu()[i, j].double().item() == want, (i, j)
     assert amax.cpu().double().tolist() == want_amax
 
