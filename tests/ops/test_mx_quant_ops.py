@@ -96,7 +96,8 @@ def test_dynamic_mx_quant_rejects_bad_arguments():
     x = torch.randn(2, 64).to(NPU)
     for kw, word in ((dict(), "dst_type 296"), (dict(dst_type=292, axis=0), "axis"),
                      (dict(dst_type=292, scale_alg=2), "scale_alg"),
-                     (dict(dst_type=292, max_low_bound=1.0), "max_low_bound"), (dict(dst_type=292, block_size=48), "block_size"),
+                     (dict(dst_type=292, max_low_bound=1.0), "max_low_bound"),
+                     (dict(dst_type=292, block_size=48), "block_size"),
                      (dict(dst_type=292, round_mode="floor"), "round_mode"), (dict(dst_type=1), "dst_type must be")):
         with pytest.raises(ValueError, match=f"npu_dynamic_mx_quant: {word}"):
             torch_npu.npu_dynamic_mx_quant(x, **kw)
