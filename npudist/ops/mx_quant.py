@@ -1,6 +1,6 @@
-"""torch_npu's dynamic MX (microscaling) quantisation to float8, ``npu_dynamic_mx_quant`` (aten ops: fake tensors
-and compile come from them) and ``npu_grouped_dynamic_mx_quant`` (an opaque operator with a fake kernel: its
-layout follows group_index's values). Quantisers without a backward.
+"""torch_npu's dynamic MX (microscaling) quantisation to float8, ``npu_dynamic_mx_quant`` and its dual-axis form
+(aten ops: fake tensors and compile come from them) and ``npu_grouped_dynamic_mx_quant`` (an opaque operator
+with a fake kernel: its layout follows group_index's values). Quantisers without a backward.
 
 ``npu_dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=..., block_size=32, scale_alg=0, ...)`` with
 ``dst_type`` 291 (float8_e5m2) or 292 (float8_e4m3fn) (torch's dtypes pass as their ScalarType numbers 23 / 24,
@@ -11,7 +11,14 @@ npu_grouped_dynamic_mx_quant's page defines it) ``E = ceil(log2(max(max|block|, 
 in float32 (``Amax``: 448 / 57344). ``E`` is clamped to e8m0's [-127, 127] (an all-zero block gets -127);
 ``y = cast(block / X)``, rounding to nearest even and saturating at the format's largest finite value (NaN stays
 NaN). ``mxscale`` holds the e8m0 codes (``E + 127``) as uint8, of shape ``input.shape[:-1] + (ceil(blocks / 2),
-2)``: consecutive blocks in pairs, an odd block count padded with a code 0.
+2)``: consecutive blocks in pairs, an odd block count padded with a code 0. Along another ``axis`` the blocks run
+along that dim and the scales are "interleaved in pairs of rows": ``mxscale`` has input's shape with ``axis``
+replaced by the pair count and a last dim of 2, ``[..., p, ..., 0 / 1]`` = blocks ``2p`` / ``2p + 1`` (for a 2-D
+input and axis 0: (ceil(M / 64), N, 2), the layout npu_dynamic_mx_quant_with_dual_axis gives its -2 axis).
+
+``npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0)
+-> (y1, mxscale1, y2, mxscale2)``: both at once with 32-element blocks, along the last dim (y1, mxscale1
+(..., M, ceil(N / 64), 2)) and along the second to last (y2, mxscale2 (..., ceil(M / 64), N, 2)).
 
 ``npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=23, blocksize=32, scale_alg=0,
 dst_type_max=0.0)``: ``x`` (m, n) split along dim 0 into the groups ``group_index`` (cumulative row ends) gives;
@@ -21,9 +28,8 @@ code 0, in pairs ``[p, column, 0 / 1]`` = blocks ``2p`` / ``2p + 1``, the groups
 after the last group stay 0 (the page sizes the output for the worst case).
 
 Refused with a ValueError naming the argument: the float4 targets (296 / 297, the default: the page does not say
-in which nibble of the uint8 each of the two values goes), ``axis`` other than the last dim (its mxscale rows are
-"interleaved in pairs" in an undescribed order), ``scale_alg`` 2 (float4 only), ``round_mode`` other than "rint"
-(the only mode for float8), ``dst_type_max`` other than 0.0 (float4 only).
+in which nibble of the uint8 each of the two values goes), ``scale_alg`` 2 (float4 only), ``round_mode`` other
+than "rint" (the only mode for float8), ``dst_type_max`` other than 0.0 (float4 only).
 """
 from __future__ import annotations
 
@@ -51,9 +57,8 @@ def npu_dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, blo
         _fail(f"dst_type must be 291 / torch.float8_e5m2 or 292 / torch.float8_e4m3fn, got {dst_type}")
     if input.dim() == 0 or not input.is_floating_point():
         _fail(f"input must be a floating tensor with at least one dim, got {input.dtype} {tuple(input.shape)}")
-    if axis not in (-1, input.dim() - 1):
-        _fail(f"axis must be the last dim (-1): the page does not describe the interleaved mxscale of other axes, "
-              f"got {axis}")
+    if not -input.dim() <= axis < input.dim():
+        _fail(f"axis {axis} is out of range for a {input.dim()}-D input")
     if round_mode != "rint":
         _fail(f"round_mode must be 'rint' (the only mode for float8 targets), got {round_mode!r}")
     if scale_alg not in (None, 0, 1):
@@ -64,16 +69,47 @@ def npu_dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, blo
         _fail(f"max_low_bound must be >= 0, and 0.0 unless scale_alg is 1, got {max_low_bound}")
     if block_size <= 0 or block_size % 32 or block_size > 1024:
         _fail(f"block_size must be a multiple of 32 in [32, 1024], got {block_size}")
-    n = input.shape[-1]
+    # quantise along the last dim of the input with axis moved last; the scales' pair dim then takes axis's place
+    y, codes = _quantize_last(input.movedim(axis, -1), dtype, block_size, scale_alg or 0, max_low_bound)
+    return y.movedim(-1, axis).contiguous(), codes.movedim(-2, axis % input.dim()).contiguous()
+
+
+def _quantize_last(x, dtype, block_size, scale_alg, max_low_bound=0.0):
+    """(y, e8m0 codes (..., ceil(blocks / 2), 2)) of MX quantisation along x's last dim."""
+    n = x.shape[-1]
     blocks = -(-n // block_size)
-    padded = torch.nn.functional.pad(input.float(), (0, blocks * block_size - n))
-    grouped = padded.reshape(*input.shape[:-1], blocks, block_size)
-    exponent = mx_exponents(grouped.abs().amax(-1), dtype, scale_alg or 0, max_low_bound)
+    padded = torch.nn.functional.pad(x.float(), (0, blocks * block_size - n))
+    grouped = padded.reshape(*x.shape[:-1], blocks, block_size)
+    exponent = mx_exponents(grouped.abs().amax(-1), dtype, scale_alg, max_low_bound)
     y = _cast_float8((grouped.double() / torch.pow(2.0, exponent.double()).unsqueeze(-1)).float(), dtype)
-    y = y.reshape(*input.shape[:-1], blocks * block_size)[..., :n].contiguous()
-    codes = (exponent + 127).to(torch.uint8)
-    codes = torch.nn.functional.pad(codes, (0, blocks % 2))
-    return y, codes.reshape(*input.shape[:-1], -1, 2)
+    y = y.reshape(*x.shape[:-1], blocks * block_size)[..., :n]
+    codes = torch.nn.functional.pad((exponent + 127).to(torch.uint8), (0, blocks % 2))
+    return y, codes.reshape(*x.shape[:-1], -1, 2)
+
+
+_DUAL = "npu_dynamic_mx_quant_with_dual_axis"
+
+
+def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
+    def fail(msg):
+        raise ValueError(f"{_DUAL}: {msg}")
+    if dst_type in (296, 297):
+        fail(f"dst_type {dst_type} (float4) is not supported: the page does not say which nibble of the packed uint8 "
+             f"holds which value; use 23 (float8_e5m2) or 24 (float8_e4m3fn)")
+    dtype = _FLOAT8.get(dst_type)
+    if dtype is None:
+        fail(f"dst_type must be 23 / torch.float8_e5m2 or 24 / torch.float8_e4m3fn, got {dst_type}")
+    if not 2 <= input.dim() <= 7 or not input.is_floating_point():
+        fail(f"input must be a floating tensor of 2 to 7 dims, got {input.dtype} {tuple(input.shape)}")
+    if round_mode != "rint":
+        fail(f"round_mode must be 'rint' (the only mode for float8 targets), got {round_mode!r}")
+    if scale_alg not in (0, 1):
+        fail(f"scale_alg must be 0 (OCP) or 1 (cuBLAS) for float8 targets, got {scale_alg}")
+    if dst_type_max not in (None, 0.0):
+        fail(f"dst_type_max must be 0.0 (it applies to float4 targets only), got {dst_type_max}")
+    y1, s1 = _quantize_last(input, dtype, 32, scale_alg)
+    y2, s2 = _quantize_last(input.transpose(-1, -2), dtype, 32, scale_alg)
+    return y1.contiguous(), s1, y2.transpose(-1, -2).contiguous(), s2.movedim(-2, -3).contiguous()
 
 
 def mx_exponents(amax, dtype, scale_alg, max_low_bound=0.0):
@@ -164,3 +200,6 @@ _lib = torch.library.Library("npu", "FRAGMENT")
 _lib.define("npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode=\"rint\", int dst_type=296, "
             "int block_size=32, int? scale_alg=0, float dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor)")
 _lib.impl("npu_dynamic_mx_quant", npu_dynamic_mx_quant, "CompositeImplicitAutograd")
+_lib.define("npu_dynamic_mx_quant_with_dual_axis(Tensor input, *, str round_mode=\"rint\", int dst_type=296, "
+            "int scale_alg=0, float? dst_type_max=0.0) -> (Tensor, Tensor, Tensor, Tensor)")
+_lib.impl("npu_dynamic_mx_quant_with_dual_axis", npu_dynamic_mx_quant_with_dual_axis, "CompositeImplicitAutograd")

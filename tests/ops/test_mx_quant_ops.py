@@ -92,9 +92,47 @@ def test_grouped_dynamic_mx_quant(scale_alg):
                                                dst_type=296)
 
 
+def _check_axis_blocks(x, y, codes_at, dtype, scale_alg=0):
+    """x (M, N): blocks of 32 rows per column; codes_at(p, col, slot) reads the scale of block 2p + slot."""
+    m, n = x.shape
+    for c in range(n):
+        for b in range(math.ceil(m / 32)):
+            vals = x[b * 32:(b + 1) * 32, c].double().tolist()
+            amax = max(abs(v) for v in vals)
+            if scale_alg == 0:
+                e = -127 if amax == 0 else math.floor(math.log2(amax)) - _EMAX[dtype]
+            else:
+                e = _exp_alg1(amax, dtype)
+            assert codes_at(b // 2, c, b % 2) == e + 127
+            for i, v in enumerate(vals):
+                assert y[b * 32 + i, c].double().item() == fp8_ref(v / 2.0 ** e, dtype)
+
+
+def test_dynamic_mx_quant_along_the_first_axis():
+    x = (torch.randn(70, 3, generator=torch.Generator().manual_seed(4)) * 3).bfloat16()
+    y, codes = torch_npu.npu_dynamic_mx_quant(x.to(NPU), axis=0, dst_type=292)
+    assert y.shape == (70, 3) and codes.shape == (2, 3, 2)
+    codes = codes.cpu()
+    _check_axis_blocks(x, y.cpu(), lambda p, c, s: codes[p, c, s].item(), torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("scale_alg", [0, 1])
+def test_dynamic_mx_quant_with_dual_axis(scale_alg):
+    x = (torch.randn(2, 40, 70, generator=torch.Generator().manual_seed(5)) * 3).half()
+    y1, s1, y2, s2 = torch_npu.npu_dynamic_mx_quant_with_dual_axis(x.to(NPU), dst_type=23, scale_alg=scale_alg)
+    dtype = torch.float8_e5m2
+    assert s1.shape == (2, 40, 2, 2) and s2.shape == (2, 1, 70, 2)
+    y1, s1, y2, s2 = y1.cpu(), s1.cpu(), y2.cpu(), s2.cpu()
+    for b in range(2):
+        _check_axis_blocks(x[b].t(), y1[b].t(), lambda p, c, s: s1[b, c, p, s].item(), dtype, scale_alg)
+        _check_axis_blocks(x[b], y2[b], lambda p, c, s: s2[b, p, c, s].item(), dtype, scale_alg)
+    with pytest.raises(ValueError, match="npu_dynamic_mx_quant_with_dual_axis: dst_type 296"):
+        torch_npu.npu_dynamic_mx_quant_with_dual_axis(x.to(NPU))
+
+
 def test_dynamic_mx_quant_rejects_bad_arguments():
     x = torch.randn(2, 64).to(NPU)
-    for kw, word in ((dict(), "dst_type 296"), (dict(dst_type=292, axis=0), "axis"),
+    for kw, word in ((dict(), "dst_type 296"), (dict(dst_type=292, axis=2), "axis"),
                      (dict(dst_type=292, scale_alg=2), "scale_alg"),
                      (dict(dst_type=292, max_low_bound=1.0), "max_low_bound"),
                      (dict(dst_type=292, block_size=48), "block_size"),
