@@ -272,6 +272,17 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
             key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
             actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope, key_rope=key_rope,
             key_rope_antiquant_scale=key_rope_antiquant_scale)
+    out, lse = fused_infer_attention(op, query, key, value, pse_shift, atten_mask, actual_seq_lengths,
+                                     actual_seq_lengths_kv, block_table, kv_padding_size, num_heads, scale,
+                                     pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+                                     block_size)
+    return out, lse if softmax_lse_flag else query.new_zeros(1, dtype=torch.float32)
+
+
+def fused_infer_attention(op, query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv,
+                          block_table, kv_padding_size, num_heads, scale, pre_tokens, next_tokens, input_layout,
+                          num_key_value_heads, sparse_mode, block_size):
+    """The fused operators' shared math: (attention_out in the output layout, softmax_lse (B, N, Q_S, 1))."""
     if input_layout not in ("BSH", "BSND", "BNSD", "BNSD_BSND"):
         _fail(op, f"input_layout must be BSH, BSND, BNSD or BNSD_BSND (TND/NTD are not supported), "
                   f"got {input_layout!r}")
@@ -285,7 +296,7 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
             _fail(op, "block_table / kv_padding_size are supported for a query of one token (Q_S = 1) only")
         out, lse = _prompt(op, query, key, value, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv,
                            num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode)
-    return out, lse if softmax_lse_flag else query.new_zeros(1, dtype=torch.float32)
+    return out, lse
 
 
 _lib = torch.library.Library("npu", "FRAGMENT")

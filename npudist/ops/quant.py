@@ -221,6 +221,28 @@ def _per_column(op, name, t, n):
     return t.reshape(-1).double()
 
 
+def dequant_product(op, x1, x2, scale, pertoken_scale, bias):
+    """float64 ``(x1 @ x2 + int32 bias) * scale * pertoken_scale + float bias`` of int8 (or int32-packed int4)
+    operands: the shared math of the quantised matmuls."""
+    a = x1.double() if x1.dtype == torch.int8 else unpack_int4(x1).double()
+    b = x2.double() if x2.dtype == torch.int8 else unpack_int4(x2).double()
+    if a.shape[-1] != b.shape[-2]:
+        _fail(op, f"the K dims differ: x1 {tuple(a.shape)} and x2 {tuple(b.shape)} (int4 unpacked)")
+    n = b.shape[-1]
+    # |int8 products| summed over K < 2^53 for every K the op accepts (<= 65535): exact in float64
+    acc = torch.matmul(a, b)
+    if bias is not None and bias.dtype == torch.int32:
+        acc = acc + bias.double()
+    y = acc * _per_column(op, "scale", scale, n)
+    if pertoken_scale is not None:
+        if tuple(pertoken_scale.shape) != (a.shape[-2],):
+            _fail(op, f"pertoken_scale must be ({a.shape[-2]},), got {tuple(pertoken_scale.shape)}")
+        y = y * pertoken_scale.double().unsqueeze(-1)
+    if bias is not None and bias.dtype != torch.int32:
+        y = y + bias.double()
+    return y
+
+
 def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None, x1_dtype=None,
                      x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None, y_scale=None):
     op = "npu_quant_matmul"
@@ -240,22 +262,8 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
         _fail(op, f"output_dtype must be None/torch.int8, torch.float16 or torch.bfloat16, got {out_dtype}")
     if offset is not None and (x1.dtype != torch.int8 or out_dtype != torch.int8):
         _fail(op, "offset is only supported for int8 inputs with an int8 output")
-    a = x1.double() if x1.dtype == torch.int8 else unpack_int4(x1).double()
-    b = x2.double() if x2.dtype == torch.int8 else unpack_int4(x2).double()
-    if a.shape[-1] != b.shape[-2]:
-        _fail(op, f"the K dims differ: x1 {tuple(a.shape)} and x2 {tuple(b.shape)} (int4 unpacked)")
-    n = b.shape[-1]
-    # |int8 products| summed over K < 2^53 for every K the op accepts (<= 65535): exact in float64
-    acc = torch.matmul(a, b)
-    if bias is not None and bias.dtype == torch.int32:
-        acc = acc + bias.double()
-    y = acc * _per_column(op, "scale", scale, n)
-    if pertoken_scale is not None:
-        if tuple(pertoken_scale.shape) != (a.shape[-2],):
-            _fail(op, f"pertoken_scale must be ({a.shape[-2]},), got {tuple(pertoken_scale.shape)}")
-        y = y * pertoken_scale.double().unsqueeze(-1)
-    if bias is not None and bias.dtype != torch.int32:
-        y = y + bias.double()
+    y = dequant_product(op, x1, x2, scale, pertoken_scale, bias)
+    n = y.shape[-1]
     if out_dtype != torch.int8:
         return y.to(out_dtype)
     if offset is not None:
