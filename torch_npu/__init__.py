@@ -25,6 +25,7 @@ from torch_npu._checksum import matmul_checksum  # noqa: F401 (torch_npu's API)
 npudist.register()  # the npu device, the hccl backend and the npu operators (also when autoload is off)
 npu = torch.npu
 sys.modules[__name__ + ".npu"] = npu
+sys.modules[__name__ + ".npu.npugraph_ex"] = npu.npugraph_ex
 
 # Ascend's torch_npu versions follow the torch release they are built for; the local part names npudist.
 __version__ = f"{torch.__version__.split('+')[0]}+npudist{npudist.__version__}"
