@@ -58,7 +58,7 @@ torch.utils.checkpoint.DefaultDeviceType.set_device_type("npu")
 
 
 def __getattr__(name):
-    if name in ("profiler", "optim", "utils", "distributed", "contrib"):
+    if name in ("profiler", "optim", "utils", "distributed", "contrib", "dynamo"):
         # `import torch_npu; torch_npu.profiler.profile(...)`, as Ascend scripts do (loaded on first use)
         import importlib  # noqa: PLC0415
 
