@@ -28,8 +28,23 @@ def _differs_only_at(a: tuple, b: tuple, positions) -> bool:
     return len(a) == len(b) and all(x == y or i in positions for i, (x, y) in enumerate(zip(a, b)))
 
 
+# Queued copies on the current stream, ordered with the replays queued there: the host does not wait for an
+# earlier replay to finish (npugraphs' one-call copies drain the stream first).
+def _copy_inputs(statics: list, values: list) -> None:
+    for static, value in zip(statics, values):
+        static.copy_(value)
+
+
+def _clone_outputs(outputs: list) -> list:
+    return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+
+
 class CountedGraph(NpuGraphed):
-    """npugraphs' capture with ``counters["npugraph_ex"]`` and the graph's written inputs used in place."""
+    """npugraphs' capture with ``counters["npugraph_ex"]`` and the graph's written inputs used in place; inputs
+    and outputs are copied by queued copies."""
+
+    copy_in = staticmethod(_copy_inputs)
+    copy_out = staticmethod(_clone_outputs)
 
     def __init__(self, run: Callable, static_idx, mutated_idx):
         super().__init__(run, set(static_idx) | set(mutated_idx))
