@@ -75,11 +75,15 @@ class NpuGraphed:
     def __call__(self, args: list):
         key = _signature(args, self.static_idx)
         replay = self.captured.get(key)
+        self.note_call(key, replay)
         if replay is not None:
             return replay(args)
         outputs, replay = self._capture(args)
         self.captured[key] = replay
         return outputs
+
+    def note_call(self, key: tuple, replay: Callable | None) -> None:
+        """Called with each call's signature and what it will run (None: a new capture); for subclasses."""
 
     def _capture(self, args: list):
         copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static_idx]

@@ -18,7 +18,7 @@ import torch
 import torch.fx
 from torch._dynamo.utils import counters
 
-from npudist.compile.npugraphs import NpuGraphed
+from npudist.compile.npugraphs import NpuGraphed, _Captured
 
 COUNTERS = "npugraph_ex"
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "c10d_functional", "_dtensor")
@@ -50,19 +50,16 @@ class CountedGraph(NpuGraphed):
         super().__init__(run, set(static_idx) | set(mutated_idx))
         self.mutated_idx = frozenset(mutated_idx)
 
-    def __call__(self, args: list):
-        from npudist.compile.npugraphs import _signature
-
-        key = _signature(args, self.static_idx)
-        if key in self.captured:
-            counters[COUNTERS]["replays"] += 1
+    def note_call(self, key: tuple, replay) -> None:
+        if replay is not None:
+            # A graph that could not be captured runs eagerly (npugraphs warned once, naming why).
+            counters[COUNTERS]["replays" if isinstance(replay, _Captured) else "eager_runs"] += 1
         elif not self.captured:
             counters[COUNTERS]["captures"] += 1
         elif any(_differs_only_at(key, k, self.mutated_idx) for k in self.captured):
             counters[COUNTERS]["recaptures_input_mutation"] += 1
         else:
             counters[COUNTERS]["recaptures_shape"] += 1
-        return super().__call__(args)
 
 
 def is_collective(node: torch.fx.Node) -> bool:

@@ -40,17 +40,24 @@ def _reinplaceable(copy: torch.fx.Node, order: dict) -> tuple[torch.fx.Node, tor
         return None
     if any(a is dst for a in list(src.args[1:]) + list(src.kwargs.values())):
         return None  # aten.mul_(x, x) reads what it writes
-    # The in-place op must produce exactly the bytes the copy_ would write (no broadcast, no dtype promotion) and
-    # nothing may read the input's old value after the op: its only users are the op and the copy_.
-    if not _same_layout(dst.meta.get("val"), src.meta.get("val")):
+    # The in-place op must produce exactly the bytes the copy_ would write (no broadcast, no dtype promotion).
+    if not _same_layout(dst.meta.get("val"), src.meta.get("val")) or order[copy] < order[src]:
         return None
-    if set(dst.users) != {src, copy}:
-        return None
-    # Readers of the functional result between the op and the copy_ see the same values in the input's bytes;
-    # the copy_ itself must come after the op (it always does in a topologically ordered graph).
-    if order[copy] < order[src]:
-        return None
+    # Nothing may read the input's old value after the op: every other user runs before it and returns no alias
+    # of the input (a view made before the op and read after it would see the new values).
+    for user in dst.users:
+        if user is src or user is copy:
+            continue
+        if order[user] > order[src] or _returns_alias(user):
+            return None
     return dst, src
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return True  # unknown: assume it may alias
+    return any(r.alias_info is not None for r in target._schema.returns)
 
 
 def reinplace_input_mutations(gm: torch.fx.GraphModule) -> int:
