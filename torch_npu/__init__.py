@@ -26,6 +26,7 @@ npudist.register()  # the npu device, the hccl backend and the npu operators (al
 npu = torch.npu
 sys.modules[__name__ + ".npu"] = npu
 sys.modules[__name__ + ".npu.npugraph_ex"] = npu.npugraph_ex
+sys.modules[__name__ + ".npu.npugraph_ex.inference"] = npu.npugraph_ex.inference
 
 # Ascend's torch_npu versions follow the torch release they are built for; the local part names npudist.
 __version__ = f"{torch.__version__.split('+')[0]}+npudist{npudist.__version__}"

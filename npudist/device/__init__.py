@@ -98,6 +98,7 @@ launch = kernel_queue
 # and the sys.modules entry makes `import torch.npu.npugraph_ex` work on this non-package module.
 from npudist.compile import npugraph_ex  # noqa: E402
 sys.modules["torch.npu.npugraph_ex"] = npugraph_ex
+sys.modules["torch.npu.npugraph_ex.inference"] = npugraph_ex.inference
 
 if _env.read("NPUDIST_STREAM_SANITIZER"):
     from npudist.device import sanitizer   # only when asked for (docs/debugging.md): no mode installed otherwise

@@ -101,3 +101,58 @@ def collectives_worker(rank, world):
         assert stats["eager_collective_pieces"] >= 5 and stats["replays"] >= 3, dict(stats)
     finally:
         dist.destroy_process_group()
+
+
+class _TPMlp(torch.nn.Module):
+    """A row-split MLP: each rank holds half of the hidden units; the partial outputs are all-reduced."""
+
+    def __init__(self, rank, world):
+        super().__init__()
+        torch.manual_seed(0)
+        full_in, full_out = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8, bias=False)
+        rows = slice(rank * 16 // world, (rank + 1) * 16 // world)
+        self.up = torch.nn.Linear(8, 16 // world)
+        self.down = torch.nn.Linear(16 // world, 8, bias=False)
+        with torch.no_grad():
+            self.up.weight.copy_(full_in.weight[rows])
+            self.up.bias.copy_(full_in.bias[rows])
+            self.down.weight.copy_(full_out.weight[:, rows])
+
+    def forward(self, x):
+        import torch.distributed._functional_collectives as fc
+
+        return fc.all_reduce(self.down(torch.relu(self.up(x))), "sum", dist.group.WORLD) + 1
+
+
+def cache_compile_worker(rank, world, cache_dir, out_dir, expect_load):
+    """One process start of a 2-rank job using cache_compile: the first start saves, a later one loads without
+    exporting or tracing; outputs are saved for the test to compare across starts."""
+    import npudist  # noqa: F401
+    from torch._dynamo.utils import counters
+
+    import torch.npu.npugraph_ex.inference as inference
+
+    torch.npu.set_device(rank)
+    dist.init_process_group("hccl")
+    try:
+        model = _TPMlp(rank, world).npu()
+        if expect_load:  # nothing may be traced on this start
+            def refuse(*args, **kwargs):
+                raise AssertionError("torch.export.export called on a start that should load the cache")
+            torch.export.export = refuse
+        compiled = inference.cache_compile(model.forward, cache_dir=cache_dir, tp_rank=rank)
+        outs = []
+        with torch.no_grad():
+            for step, batch in enumerate((4, 4, 6)):
+                x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(step)).npu()
+                got = compiled(x)
+                torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+                outs.append(got.cpu())
+        stats = counters["npugraph_ex"]
+        assert stats["cache_loads" if expect_load else "cache_saves"] == 1 and stats["eager_collective_pieces"] >= 1
+        assert "cache_rebuilds" not in stats and ("cache_saves" not in stats) == expect_load, dict(stats)
+        assert not counters["frames"], dict(counters["frames"])  # Dynamo traced no frame
+        torch.save(outs, f"{out_dir}/rank{rank}_{'load' if expect_load else 'save'}.pt")
+        assert "world2global_rank" in str(compiled.path) and f"tp_rank{rank}" in str(compiled.path)
+    finally:
+        dist.destroy_process_group()

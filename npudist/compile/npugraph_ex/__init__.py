@@ -3,12 +3,14 @@
 ``compile_fx(gm, example_inputs, options=None)`` is the Dynamo backend ``torch.compile(backend="npugraph_ex")``
 runs; ``register_replacement`` adds user patterns its pattern pass applies. Implementation: ``backend.py``
 (pipeline), ``passes.py`` (in-place restoration, no-op removal), ``patterns.py``, ``capture.py`` (NPUGraph capture
-split at collectives). Importing this package is cheap: Dynamo and Inductor load on first use.
-torch_npu's ``inference.cache_compile`` / ``readable_cache`` and ``scope`` are not provided (docs/graphs.md).
+split at collectives), ``inference`` (``cache_compile``, ``readable_cache``: ``cache.py``). Importing this package
+is cheap: Dynamo and Inductor load on first use. torch_npu's ``scope`` is not provided (docs/graphs.md).
 """
 from __future__ import annotations
 
-__all__ = ["compile_fx", "register_replacement"]
+from npudist.compile.npugraph_ex import inference
+
+__all__ = ["compile_fx", "register_replacement", "inference"]
 
 
 def compile_fx(gm, example_inputs=None, options=None):
