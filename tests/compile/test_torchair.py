@@ -96,7 +96,7 @@ def test_options_without_meaning_are_reported_once_and_pass_switches_are_honored
 
 
 def test_torchair_module_names_and_npu_backend():
-    import torch_npu
+    import torch_npu.dynamo  # installs torchair as a top-level module, as torch_npu does
     import torchair
 
     assert torchair is torch_npu.dynamo.torchair

@@ -50,7 +50,12 @@ _START = textwrap.dedent("""
     with warnings.catch_warnings(record=True) as w, torch.no_grad():
         warnings.simplefilter("always")
         torch.testing.assert_close(compiled(x), model(x))
-    print(json.dumps({{"stats": dict(counters["npugraph_ex"]), "path": str(compiled.path),
+    try:
+        compiled(torch.randn(5, 8, device="npu"))  # dynamic=False: another batch size does not fit
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    print(json.dumps({{"stats": dict(counters["npugraph_ex"]), "path": str(compiled.path), "refused": refused,
                       "warnings": [str(m.message) for m in w if "cache_compile" in str(m.message)]}}))
 """)
 
@@ -69,6 +74,7 @@ def test_stale_and_foreign_caches_are_refused_and_rebuilt(tmp_path, capsys):
     cache = tmp_path / "cache"
     first = _start(tmp_path, cache)
     assert first["stats"]["cache_saves"] == 1 and not first["warnings"]
+    assert "do not fit the compiled program" in first["refused"] and "dynamic=True" in first["refused"]
     assert _start(tmp_path, cache)["stats"]["cache_loads"] == 1
     meta = os.path.join(os.path.dirname(first["path"]), "cache.json")
     described = json.load(open(meta))

@@ -120,12 +120,21 @@ def _runner(ep, wrapper):
 
     gm = ep.module()
     _bind_live_state(gm, wrapper)
+    # The export's input checks (shapes it specialized, dynamic ranges). Called on every call: the passes' dead
+    # code elimination may drop the graph node that calls them (it has no users).
+    guards = getattr(gm, "_guards_fn", None)
     backend.optimize(gm, backend.OPTIONS)
     run = capture_graph(gm, (), passes.mutated_inputs(gm))
     out_spec = ep.call_spec.out_spec
 
     def call(*args):
-        flat = run([a for a in args])
+        if guards is not None:
+            try:
+                guards(*args)
+            except AssertionError as e:
+                raise ValueError(f"cache_compile: these inputs do not fit the compiled program ({e}); shapes "
+                                 "other than the first call's need dynamic=True, within what the export allowed") from e
+        flat = run(list(args))
         return torch.utils._pytree.tree_unflatten(list(flat), out_spec)
     return call
 
