@@ -22,12 +22,12 @@ _TOP_LEVEL = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass")
 
 # Options that switch npugraph_ex's passes: (option path, npugraph_ex option, value of the path that turns it off).
 _PASS_SWITCHES = (
-    ("debug.aclgraph.disable_reinplace_input_mutated_ops_pass", "reinplace_input_mutations", True),
-    ("npugraphex_config.input_inplace_pass", "reinplace_input_mutations", False),
-    ("experimental_config.remove_noop_ops", "remove_noops", False),
-    ("npugraphex_config.remove_noop_ops", "remove_noops", False),
-    ("experimental_config.pattern_fusion_pass", "patterns", False),
-    ("npugraphex_config.pattern_fusion_pass", "patterns", False),
+    ("debug.aclgraph.disable_reinplace_input_mutated_ops_pass", "input_inplace_pass", True),
+    ("npugraphex_config.input_inplace_pass", "input_inplace_pass", False),
+    ("experimental_config.remove_noop_ops", "remove_noop_ops", False),
+    ("npugraphex_config.remove_noop_ops", "remove_noop_ops", False),
+    ("experimental_config.pattern_fusion_pass", "pattern_fusion_pass", False),
+    ("npugraphex_config.pattern_fusion_pass", "pattern_fusion_pass", False),
 )
 _reported: set[str] = set()
 

@@ -92,7 +92,7 @@ def test_options_without_meaning_are_reported_once_and_pass_switches_are_honored
     reports = [str(m.message) for m in w if "without effect" in str(m.message)]
     assert len(reports) == 1 and "ge_config.enable_single_stream" in reports[0]
     assert "remove_noop_ops" not in reports[0]
-    assert backend.keywords["options"] == {**ngx.OPTIONS, "reinplace_input_mutations": False, "remove_noops": False}
+    assert backend.keywords["options"] == {**ngx.OPTIONS, "input_inplace_pass": False, "remove_noop_ops": False}
 
 
 def test_torchair_module_names_and_npu_backend():

@@ -117,13 +117,13 @@ def _targets(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
-OFF = {"patterns": False, "remove_noops": False, "reinplace_input_mutations": False}
+OFF = {"pattern_fusion_pass": False, "remove_noop_ops": False, "input_inplace_pass": False}
 
 
 def test_reinplace_pass_turns_the_copy_back_into_the_inplace_op():
     x, y = torch.ones(4, device="npu"), torch.ones(4, device="npu")
     without = _targets(_aot_graph(_mutating, x.clone(), y, options=OFF))
-    with_pass = _targets(_aot_graph(_mutating, x.clone(), y, options={**OFF, "reinplace_input_mutations": True}))
+    with_pass = _targets(_aot_graph(_mutating, x.clone(), y, options={**OFF, "input_inplace_pass": True}))
     assert torch.ops.aten.copy_.default in without and torch.ops.aten.mul.Tensor in without
     assert torch.ops.aten.copy_.default not in with_pass and torch.ops.aten.mul_.Tensor in with_pass
 
@@ -139,7 +139,7 @@ def test_reinplace_pass_only_where_the_old_value_is_not_read_afterwards():
         x.copy_(s)
         return c
 
-    on = {**OFF, "remove_noops": True, "reinplace_input_mutations": True}
+    on = {**OFF, "remove_noop_ops": True, "input_inplace_pass": True}
     x = torch.randn(4, device="npu")
     assert torch.ops.aten.sin_.default in _targets(_aot_graph(g, x.clone(), options=on))
     kept = _targets(_aot_graph(k, x.clone(), options=on))
@@ -159,7 +159,7 @@ def test_noop_pass_removes_same_shape_views_clones_and_single_cats():
 
     x = torch.randn(4, 4, device="npu")
     without = _targets(_aot_graph(f, x, options=OFF))
-    with_pass = _targets(_aot_graph(f, x, options={**OFF, "remove_noops": True}))
+    with_pass = _targets(_aot_graph(f, x, options={**OFF, "remove_noop_ops": True}))
     assert {torch.ops.aten.cat.default, torch.ops.aten.clone.default} <= set(without)
     assert with_pass == [torch.ops.aten.sin.default]
     out = torch.compile(f, backend="npugraph_ex")(x)
@@ -183,7 +183,7 @@ def test_registered_replacement_fires_and_is_visible_in_the_graph(monkeypatch):
         return h * torch.sigmoid(h) + 1
 
     x, w = torch.randn(4, 8, device="npu"), torch.randn(8, 8, device="npu")
-    gm = _aot_graph(f, x, w, options={**OFF, "patterns": True})
+    gm = _aot_graph(f, x, w, options={**OFF, "pattern_fusion_pass": True})
     assert torch.ops.aten.silu.default in _targets(gm) and torch.ops.aten.sigmoid.default not in _targets(gm)
     counters.clear()
     torch.testing.assert_close(torch.compile(f, backend="npugraph_ex")(x, w).cpu(), f(x, w).cpu())
@@ -202,6 +202,9 @@ def test_extra_check_can_refuse_a_match(monkeypatch):
 def test_bad_options_and_arguments_are_refused():
     with pytest.raises(ValueError, match="unknown option"):
         backend.backend_with({"reinplace": True})
+    backend._reported.clear()
+    with pytest.warns(UserWarning, match="without effect in npudist: capture_limit"):
+        backend.backend_with({"capture_limit": 8})
     with pytest.raises(ValueError, match="example_inputs is empty"):
         npugraph_ex.register_replacement(_search, _replace, [])
 

@@ -8,6 +8,7 @@ Each step can be switched off through ``options`` (``compile_fx``'s third argume
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
@@ -16,24 +17,38 @@ from torch._dynamo.utils import counters
 from npudist.compile.npugraph_ex import passes, patterns
 from npudist.compile.npugraph_ex.capture import COUNTERS, capture_graph
 
-OPTIONS = {"patterns": True, "remove_noops": True, "reinplace_input_mutations": True}
+# torch_npu's names for the pass switches (its npugraph_ex options), all on by default.
+OPTIONS = {"pattern_fusion_pass": True, "remove_noop_ops": True, "input_inplace_pass": True}
+# torch_npu's other npugraph_ex options: accepted, without effect here, reported once per process.
+_WITHOUT_EFFECT = ("force_eager", "use_graph_pool", "reuse_graph_pool_in_same_fx", "capture_limit", "clone_input",
+                   "clone_output", "static_kernel_compile", "super_kernel_optimize", "super_kernel_optimize_options",
+                   "super_kernel_debug_options", "frozen_parameter", "remove_cat_ops", "inplace_pass",
+                   "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "dump_tensor_data", "data_dump_stage",
+                   "data_dump_dir")
+_reported: set[str] = set()
 
 
 def _check_options(options: dict | None) -> dict:
     options = dict(options or {})
-    unknown = sorted(set(options) - set(OPTIONS))
+    unknown = sorted(set(options) - set(OPTIONS) - set(_WITHOUT_EFFECT))
     if unknown:
-        raise ValueError(f"npugraph_ex: unknown option(s) {unknown}; known: {sorted(OPTIONS)} (each True or False)")
-    return {**OPTIONS, **{k: bool(v) for k, v in options.items()}}
+        raise ValueError(f"npugraph_ex: unknown option(s) {unknown}; the passes are switched by "
+                         f"{sorted(OPTIONS)} (each True or False)")
+    ignored = sorted(set(options) & set(_WITHOUT_EFFECT) - _reported)
+    if ignored:
+        _reported.update(ignored)
+        warnings.warn(f"npugraph_ex: options accepted but without effect in npudist: {', '.join(ignored)} "
+                      "(docs/graphs.md)", stacklevel=3)
+    return {**OPTIONS, **{k: bool(v) for k, v in options.items() if k in OPTIONS}}
 
 
 def optimize(gm: torch.fx.GraphModule, options: dict) -> torch.fx.GraphModule:
     """Run the enabled passes on ``gm`` in place, counting what each rewrote."""
-    if options["patterns"]:
+    if options["pattern_fusion_pass"]:
         counters[COUNTERS]["pattern_replacements"] += patterns.apply_patterns(gm)
-    if options["remove_noops"]:
+    if options["remove_noop_ops"]:
         counters[COUNTERS]["noops_removed"] += passes.remove_noops(gm)
-    if options["reinplace_input_mutations"]:
+    if options["input_inplace_pass"]:
         counters[COUNTERS]["inputs_reinplaced"] += passes.reinplace_input_mutations(gm)
     return gm
 
