@@ -9,8 +9,11 @@ and drown what is measured here, the launch path).
 
 With --compile, also the same forward + backward step under torch.compile(backend="npugraphs") against
 torch.compile(backend="aot_eager") (the same AOTAutograd graphs run op by op), and against eager.
+With --npugraph-ex, torch.compile(backend="npugraph_ex") against eager, in the same rounds: the forward without
+grad (one inference graph) and the forward + backward step, host time per step.
 
     PYTHONPATH=. .venv/bin/python benchmarks/npugraph.py [--rounds 7] [--iters 200] [--threads 1] [--compile]
+        [--npugraph-ex]
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help='also time torch.compile(backend="npugraphs")')
+    ap.add_argument("--npugraph-ex", action="store_true", help='also time torch.compile(backend="npugraph_ex")')
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -89,6 +93,18 @@ def main() -> None:
         aot_eager = torch.compile(model, backend="aot_eager")
         npugraphs = torch.compile(model, backend="npugraphs")
         cases["compiled fwd+bwd"] = (lambda: _fwd_bwd(aot_eager, x), lambda: _fwd_bwd(npugraphs, x))
+    if args.npugraph_ex:
+        from npudist.compile import npugraph_ex
+
+        npugraph_ex.register()  # where the installed package metadata predates its entry point
+        ex = torch.compile(model, backend="npugraph_ex")
+
+        def ex_fwd():
+            with torch.no_grad():
+                ex(x)
+
+        cases["npugraph_ex forward"] = (eager_fwd, ex_fwd)
+        cases["npugraph_ex fwd+bwd"] = (lambda: _fwd_bwd(model, x), lambda: _fwd_bwd(ex, x))
     for fns in cases.values():  # warm-up
         for fn in fns:
             _time(fn, 5)
@@ -106,6 +122,8 @@ def main() -> None:
             plain = statistics.median(samples["forward+backward"][0])
             print(f"  {name:18s} aot_eager {e:8.1f} us   npugraphs {r:8.1f} us   npugraphs speedup {e / r:5.2f}x "
                   f"over aot_eager, {plain / r:5.2f}x over eager")
+        elif name.startswith("npugraph_ex"):
+            print(f"  {name:18s} eager {e:8.1f} us   npugraph_ex {r:8.1f} us   npugraph_ex speedup {e / r:5.2f}x")
         else:
             print(f"  {name:18s} eager {e:8.1f} us   replay {r:8.1f} us   replay speedup {e / r:5.2f}x (target >= 2x)")
 

@@ -25,6 +25,8 @@ from torch_npu._checksum import matmul_checksum  # noqa: F401 (torch_npu's API)
 npudist.register()  # the npu device, the hccl backend and the npu operators (also when autoload is off)
 npu = torch.npu
 sys.modules[__name__ + ".npu"] = npu
+sys.modules[__name__ + ".npu.npugraph_ex"] = npu.npugraph_ex
+sys.modules[__name__ + ".npu.npugraph_ex.inference"] = npu.npugraph_ex.inference
 
 # Ascend's torch_npu versions follow the torch release they are built for; the local part names npudist.
 __version__ = f"{torch.__version__.split('+')[0]}+npudist{npudist.__version__}"
@@ -57,7 +59,7 @@ torch.utils.checkpoint.DefaultDeviceType.set_device_type("npu")
 
 
 def __getattr__(name):
-    if name in ("profiler", "optim", "utils", "distributed", "contrib"):
+    if name in ("profiler", "optim", "utils", "distributed", "contrib", "dynamo"):
         # `import torch_npu; torch_npu.profiler.profile(...)`, as Ascend scripts do (loaded on first use)
         import importlib  # noqa: PLC0415
 

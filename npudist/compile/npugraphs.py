@@ -32,17 +32,20 @@ def _signature(args: list, static_idx: frozenset) -> tuple:
 class _Captured:
     """One NPUGraph of a compiled graph over static inputs, for one input signature."""
 
-    def __init__(self, graph, static_inputs: list, copied_idx: list[int], outputs):
+    def __init__(self, graph, static_inputs: list, copied_idx: list[int], outputs, copy_in: Callable,
+                 copy_out: Callable):
         self.graph = graph
+        self.copy_in = copy_in
+        self.copy_out = copy_out
         self.copied_idx = copied_idx
         self.copied_statics = [static_inputs[i] for i in copied_idx]
         self.outputs = outputs
 
     def __call__(self, args: list):
-        _C._graph_copy_into_static(self.copied_statics, [args[i] for i in self.copied_idx])
+        self.copy_in(self.copied_statics, [args[i] for i in self.copied_idx])
         args.clear()
         self.graph.replay()
-        return _fresh(self.outputs)
+        return self.copy_out(self.outputs)
 
 
 def _fresh(outputs: list) -> list:
@@ -57,6 +60,11 @@ def _fresh(outputs: list) -> list:
 class NpuGraphed:
     """A boxed compiled graph (AOTAutograd's calling convention) that captures on first use per signature."""
 
+    # How inputs reach the static buffers and outputs are returned: one C++ call each, which first waits for the
+    # stream's queued work (an earlier replay still reading the static inputs or writing the outputs).
+    copy_in = staticmethod(_C._graph_copy_into_static)
+    copy_out = staticmethod(_fresh)
+
     def __init__(self, run: Callable, static_idx):
         # In the instance dict: AOTAutograd wraps the backward in torch._dynamo.disable, which copies it.
         self._boxed_call = True
@@ -67,18 +75,22 @@ class NpuGraphed:
     def __call__(self, args: list):
         key = _signature(args, self.static_idx)
         replay = self.captured.get(key)
+        self.note_call(key, replay)
         if replay is not None:
             return replay(args)
         outputs, replay = self._capture(args)
         self.captured[key] = replay
         return outputs
 
+    def note_call(self, key: tuple, replay: Callable | None) -> None:
+        """Called with each call's signature and what it will run (None: a new capture); for subclasses."""
+
     def _capture(self, args: list):
         copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static_idx]
         static_inputs = list(args)
         for i in copied:
             static_inputs[i] = torch.empty_like(args[i])  # dense (an expanded input gets its own bytes)
-        _C._graph_copy_into_static([static_inputs[i] for i in copied], [args[i] for i in copied])
+        self.copy_in([static_inputs[i] for i in copied], [args[i] for i in copied])
         g = torch.npu.NPUGraph()
         try:
             with torch.npu.graph(g):
@@ -89,7 +101,7 @@ class NpuGraphed:
             return eager(args), eager
         args.clear()
         # The capture ran the graph once: its outputs are this call's results.
-        return _fresh(outputs), _Captured(g, static_inputs, copied, outputs)
+        return self.copy_out(outputs), _Captured(g, static_inputs, copied, outputs, self.copy_in, self.copy_out)
 
 
 def _run_eagerly(run: Callable, args: list):

@@ -4,6 +4,8 @@ Importing this package loads the C++ device core (``npudist._C``), renames PyTor
 to ``npu`` and registers this module as ``torch.npu``. ``torch.npu.memory`` is :mod:`npudist.device.memory`
 and its public names are re-exported here.
 """
+import sys
+
 from npudist import env as _env
 
 from npudist.device import _registration, cuda_dtypes, kernel_queue, linear_ce_defaults, meta_warnings, shallow_copy
@@ -92,6 +94,11 @@ cuda_dtypes.register()
 # The public name of kernel launch is torch.npu.launch (is_blocking, launch_counts, host_ordered_call; Inductor's
 # generated npu code calls torch.npu.launch.host_ordered_call).
 launch = kernel_queue
+# torch.npu.npugraph_ex (torch_npu's graph-mode module); its package is cheap to import (Dynamo loads on first use),
+# and the sys.modules entry makes `import torch.npu.npugraph_ex` work on this non-package module.
+from npudist.compile import npugraph_ex  # noqa: E402
+sys.modules["torch.npu.npugraph_ex"] = npugraph_ex
+sys.modules["torch.npu.npugraph_ex.inference"] = npugraph_ex.inference
 
 if _env.read("NPUDIST_STREAM_SANITIZER"):
     from npudist.device import sanitizer   # only when asked for (docs/debugging.md): no mode installed otherwise

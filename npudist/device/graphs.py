@@ -125,6 +125,9 @@ class graph:
                 self.npu_graph.reset()
         finally:
             self.stream_ctx.__exit__(exc_type, exc, tb)
+            # Kernels run during capture (unlike CUDA's): the capture stream's writes (static outputs, inputs
+            # updated in place) must be visible to work issued after the block on the caller's stream.
+            streams.current_stream().wait_stream(self.capture_stream)
         return False
 
 
