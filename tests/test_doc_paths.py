@@ -13,7 +13,7 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "BENCHMARKS.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/docs/*.md"))]
-INCLUDE_DIRS = ["npudist/include", "device_core/include", "torch_npu/include"]
+INCLUDE_DIRS = ["npudist/include", "device_core/include", "torch_npu/include", "npudist/hccl/csrc/include"]
 _CANDIDATE = re.compile(r"`([A-Za-z0-9_./\-]+)`|\]\(([A-Za-z0-9_./\-]+)(?:#[^)]*)?\)")
 
 

@@ -75,10 +75,17 @@ def cache_path(func, *, dynamic: bool, cache_dir, layout: dict) -> Path:
     return root / f"{cls_name}_{tag}_npugraphexcache_{digest}" / "_".join(ranks) / func.__name__ / FILE
 
 
-def _describe(func, wrapper, args, dynamic: bool, layout: dict) -> dict:
-    import npudist
+def _npudist_version() -> str:
+    # From the installed distribution, not `import npudist`: this package sits below npudist's top module.
+    from importlib import metadata
+    try:
+        return metadata.version("npudist")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
-    return {"format": FORMAT, "torch": torch.__version__, "npudist": npudist.__version__,
+
+def _describe(func, wrapper, args, dynamic: bool, layout: dict) -> dict:
+    return {"format": FORMAT, "torch": torch.__version__, "npudist": _npudist_version(),
             "function": getattr(func, "__qualname__", func.__name__),
             "fingerprint": hashlib.md5(_fingerprint(func)[1].encode(), usedforsecurity=False).hexdigest(),
             "dynamic": dynamic, "ranks": layout,
