@@ -33,6 +33,9 @@ import time
 
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"]
 SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
+# This script's op names -> benchmarks/collectives.py's (torch's functions).
+TORCH_OPS = {"all_reduce": "all_reduce", "broadcast": "broadcast", "all_gather": "all_gather_into_tensor",
+             "reduce_scatter": "reduce_scatter_tensor", "all_to_all": "all_to_all_single"}
 TORCH_SIDES = ["c10d floor", "hccl cpu", "hccl npu", "deepspeed shm", "gloo"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
@@ -95,22 +98,10 @@ def _torch_call(side, op, n, count, groups, ds):
             return None
         x = torch.ones(count)
         return lambda: ds(x)
-    if op == "all_reduce":
-        x = torch.ones(count, device=device)
-        return lambda: dist.all_reduce(x, group=group)
-    if op == "broadcast":
-        x = torch.ones(count, device=device)
-        return lambda: dist.broadcast(x, src=0, group=group)
-    if op == "all_gather":
-        inp, out = torch.ones(count // n, device=device), torch.empty(count, device=device)
-        return lambda: dist.all_gather_into_tensor(out, inp, group=group)
-    if op == "reduce_scatter":
-        inp, out = torch.ones(count, device=device), torch.empty(count // n, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
-    if op == "all_to_all":
-        inp, out = torch.ones(count, device=device), torch.empty(count, device=device)
-        return lambda: dist.all_to_all_single(out, inp, group=group)
-    raise ValueError(f"unknown op {op!r}; choose from {OPS}")
+    if op not in TORCH_OPS:
+        raise ValueError(f"unknown op {op!r}; choose from {OPS}")
+    from collectives import _make_call   # benchmarks/collectives.py: the same calls, named by torch's API
+    return _make_call(TORCH_OPS[op], group, n, dist.get_rank(), count, device)
 
 
 def _deepspeed_all_reduce(n: int, rank: int):
