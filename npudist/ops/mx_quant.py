@@ -87,18 +87,24 @@ def _quantize_last(x, dtype, block_size, scale_alg, max_low_bound=0.0):
     return y, codes.reshape(*x.shape[:-1], -1, 2)
 
 
-_DUAL = "npu_dynamic_mx_quant_with_dual_axis"
-
-
-def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
-    def fail(msg):
-        raise ValueError(f"{_DUAL}: {msg}")
+def _float8_target(fail, dst_type):
+    """The float8 dtype of a dst_type code (the dual-axis and grouped pages' numbering); float4 codes are refused."""
     if dst_type in (296, 297):
         fail(f"dst_type {dst_type} (float4) is not supported: the page does not say which nibble of the packed uint8 "
              f"holds which value; use 23 (float8_e5m2) or 24 (float8_e4m3fn)")
     dtype = _FLOAT8.get(dst_type)
     if dtype is None:
         fail(f"dst_type must be 23 / torch.float8_e5m2 or 24 / torch.float8_e4m3fn, got {dst_type}")
+    return dtype
+
+
+_DUAL = "npu_dynamic_mx_quant_with_dual_axis"
+
+
+def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
+    def fail(msg):
+        raise ValueError(f"{_DUAL}: {msg}")
+    dtype = _float8_target(fail, dst_type)
     if not 2 <= input.dim() <= 7 or not input.is_floating_point():
         fail(f"input must be a floating tensor of 2 to 7 dims, got {input.dtype} {tuple(input.shape)}")
     if round_mode != "rint":
@@ -136,12 +142,7 @@ _GROUPED = "npu_grouped_dynamic_mx_quant"
 def _grouped_args(x, group_index, round_mode, dst_type, blocksize, scale_alg, dst_type_max):
     def fail(msg):
         raise ValueError(f"{_GROUPED}: {msg}")
-    if dst_type in (296, 297):
-        fail(f"dst_type {dst_type} (float4) is not supported: the page does not say which nibble of the packed uint8 "
-             f"holds which value; use 23 (float8_e5m2) or 24 (float8_e4m3fn)")
-    dtype = _FLOAT8.get(dst_type)
-    if dtype is None:
-        fail(f"dst_type must be 23 / torch.float8_e5m2 or 24 / torch.float8_e4m3fn, got {dst_type}")
+    dtype = _float8_target(fail, dst_type)
     if x.dim() != 2 or not x.is_floating_point():
         fail(f"x must be a 2-D floating tensor, got {x.dtype} {tuple(x.shape)}")
     if group_index.dim() != 1 or group_index.numel() == 0 or group_index.is_floating_point():
