@@ -74,3 +74,11 @@ REFUSED = {
         _WORKSPACE),
 }
 FUNCTIONS = {name: _refused(name, schema, why) for name, (schema, why) in REFUSED.items()}
+
+# torch_npu registers these under torch.ops.npu too (graph-mode code and torch.library users reach them there):
+# the same schemas, and a kernel that refuses for every backend. CompositeImplicitAutograd also answers calls
+# with no tensor argument (obfuscation_initialize takes only numbers), which have no backend key to dispatch on.
+_lib = torch.library.Library("npu", "FRAGMENT")
+for _name, (_schema, _why) in REFUSED.items():
+    _lib.define(_schema)
+    _lib.impl(_name, FUNCTIONS[_name], "CompositeImplicitAutograd")

@@ -86,8 +86,11 @@ def test_memory_viz_reads_snapshot(history, tmp_path):
     embedded = pickle.loads(base64.b64decode(payload[0]["base64"]))
     assert embedded["segments"] == snap["segments"]
     assert _memory_viz.segment_plot(snap).startswith("<!DOCTYPE html>") or "<html" in _memory_viz.segment_plot(snap)
+    torch.npu.empty_cache()
     before = torch.npu.memory_snapshot()
-    extra = torch.empty(25 * MiB, dtype=torch.uint8, device="npu")  # noqa: F841  (a new segment)
+    # Larger than any segment left (tests before this one in the worker may hold big ones): a new segment.
+    size = max([25 * MiB] + [seg["total_size"] + 2 * MiB for seg in before])
+    extra = torch.empty(size, dtype=torch.uint8, device="npu")  # noqa: F841
     diff = _memory_viz.compare(before, torch.npu.memory_snapshot(), format_flamegraph=lambda text: text)
     assert "only_after" in diff
 
