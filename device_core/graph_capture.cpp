@@ -184,6 +184,11 @@ class Graph {
  private:
   void end_capture_locked();
   void check_storages_unchanged() const;  // caller holds mu_
+  void give_stream_back();                 // caller holds mu_
+
+  // From capture_begin until reset (or destruction) the graph holds one stream of its device's budget: the
+  // capture model's stream, as a captured aclmdlRI holds its streams until aclmdlRIDestroy.
+  bool holds_stream_ = false;
 
   enum class State { kEmpty, kCapturing, kCaptured };
   mutable std::mutex mu_;
@@ -268,7 +273,19 @@ void unregister(Graph* graph) {
   }
 }
 
-Graph::~Graph() { unregister(this); }
+constexpr const char* kGraphStreamHolder = "captured NPUGraphs (not reset)";
+
+void Graph::give_stream_back() {
+  if (!holds_stream_) return;
+  (void)rt::api().stream_hold(device_, kGraphStreamHolder, 0);
+  holds_stream_ = false;
+}
+
+Graph::~Graph() {
+  unregister(this);
+  std::lock_guard<std::mutex> g(mu_);
+  give_stream_back();
+}
 
 void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
   Mode mode = parse_mode(mode_str);
@@ -279,13 +296,19 @@ void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
               "torch.npu.stream(torch.npu.Stream()); after capture it is fine to replay on the default stream.");
   std::lock_guard<std::mutex> g(mu_);
   TORCH_CHECK(state_ == State::kEmpty, "NPUGraph.capture_begin: this graph ",
-              state_ == State::kCapturing ? "is already capturing" : "was already captured; call reset() first");
+              state_ == State::kCapturing ? "is already capturing" : "was already captured; call reset() first",
+              " (ACL_ERROR_RT_MODEL_CAPTURED, error code 107026)");
   {
     std::lock_guard<std::mutex> r(g_registry_mu);
     for (const ActiveCapture& a : g_registry) {
       TORCH_CHECK(!(a.device == device && a.stream == stream), "NPUGraph.capture_begin: stream ", stream,
-                  " of npu:", device, " is already capturing another graph");
+                  " of npu:", device, " is already capturing another graph (ACL_ERROR_RT_STREAM_CAPTURED, error "
+                  "code 107027)");
     }
+    if (rt::api().stream_hold(device, kGraphStreamHolder, 1) != NPUDIST_SUCCESS) {
+      TORCH_CHECK(false, "NPUGraph.capture_begin: ", rt::api().last_error());
+    }
+    holds_stream_ = true;
     register_capture(ActiveCapture{this, device, stream, std::this_thread::get_id(), mode});
   }
   state_ = State::kCapturing;
@@ -298,7 +321,8 @@ void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
 void Graph::capture_end() {
   unregister(this);
   std::lock_guard<std::mutex> g(mu_);
-  TORCH_CHECK(state_ == State::kCapturing, "NPUGraph.capture_end: the graph is not capturing");
+  TORCH_CHECK(state_ == State::kCapturing, "NPUGraph.capture_end: the graph is not capturing "
+              "(ACL_ERROR_RT_STREAM_NOT_CAPTURED, error code 107029)");
   state_ = State::kCaptured;
   if (invalid_.empty()) {
     try {
@@ -312,7 +336,9 @@ void Graph::capture_end() {
     tasks_.clear();
     storages_.clear();
     state_ = State::kEmpty;
-    TORCH_CHECK(false, "NPUGraph capture failed and was discarded: ", why);
+    give_stream_back();
+    TORCH_CHECK(false, "NPUGraph capture failed and was discarded (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, error "
+                "code 507903): ", why);
   }
 }
 
@@ -382,6 +408,7 @@ void Graph::reset() {
   storages_.clear();
   state_ = State::kEmpty;
   invalid_.clear();
+  give_stream_back();
 }
 
 void Graph::debug_dump(const std::string& path) const {
@@ -456,9 +483,10 @@ void check_not_capturing(const char* what) {
     bool own_stream = rt::api().get_stream(a.device) == a.stream;
     bool forbidden = own_stream || a.mode == Mode::kGlobal ||
                      (a.mode == Mode::kThreadLocal && a.thread == std::this_thread::get_id());
-    TORCH_CHECK(!forbidden, what, " is not permitted while an npu stream is capturing an NPUGraph (operation not "
-                "permitted when stream is capturing: stream ", a.stream, " of npu:", a.device, ", capture_error_mode='",
-                mode_name(a.mode), "'). Move it out of the captured region",
+    TORCH_CHECK(!forbidden, what, " is not permitted while an npu stream is capturing an NPUGraph "
+                "(ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, error code 107030: the current capture mode does not "
+                "support this operation; operation not permitted when stream is capturing: stream ", a.stream, " of npu:",
+                a.device, ", capture_error_mode='", mode_name(a.mode), "'). Move it out of the captured region",
                 own_stream ? "." : ", or capture with capture_error_mode='relaxed' if this thread's call is safe.");
   }
 }

@@ -40,7 +40,7 @@ void check_value(npudist_status s) {
 
 int64_t new_stream(c10::DeviceIndex idx, int priority) {
   int64_t id = 0;
-  rt::check(rt::api().stream_create(idx, priority, &id));
+  rt::check(rt::api().stream_from_pool(idx, priority, &id));
   return id;
 }
 

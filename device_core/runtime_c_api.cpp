@@ -139,17 +139,36 @@ int c_stream_query(int device, int64_t stream) {
 int c_shared_lookup(const void* ptr, uint64_t bytes, NpudistSharedRef* ref) {
   return ref && lookup_shared_segment(ptr, bytes, ref) ? 1 : 0;
 }
-npudist_status c_stream_create(int device, int priority, int64_t* stream) {
-  if (!stream) return fail(NPUDIST_ERROR_INVALID_VALUE, "stream_create: stream is null");
+npudist_status c_stream_hold(int device, const char* holder, int take) {
+  const std::string who = holder && *holder ? holder : "an unnamed holder";
+  std::string why;
+  bool ok = true;
+  npudist_status s = guarded([&] {
+    if (take) ok = stream_budget_take(device, who, &why);
+    else stream_budget_give(device, who);
+  });
+  if (s != NPUDIST_SUCCESS) return s;
+  return ok ? NPUDIST_SUCCESS : fail(NPUDIST_ERROR_NO_STREAM_RESOURCE, why);
+}
+npudist_status c_stream_from_pool(int device, int priority, int64_t* stream) {
+  if (!stream) return fail(NPUDIST_ERROR_INVALID_VALUE, "stream_from_pool: stream is null");
   return guarded([&] { *stream = pool_stream(device, priority < 0); });
 }
-// Pooled streams are shared round-robin by every stream_create caller, so destroying one releases
-// nothing: only the ids are checked.
+constexpr const char* kCreatedStream = "aclrtCreateStream (not destroyed)";
+npudist_status c_stream_create(int device, int priority, int64_t* stream) {
+  if (!stream) return fail(NPUDIST_ERROR_INVALID_VALUE, "stream_create: stream is null");
+  if (npudist_status s = c_stream_hold(device, kCreatedStream, 1)) return s;
+  return guarded([&] { *stream = pool_stream(device, priority < 0); });
+}
+// Pooled ids are shared round-robin by every caller, so only the budget's count goes back: destroying
+// the same handle twice gives back two.
 npudist_status c_stream_destroy(int device, int64_t stream) {
-  return guarded([&] {
+  npudist_status s = guarded([&] {
     check_device(device);
     check_stream(stream);
   });
+  if (s != NPUDIST_SUCCESS) return s;
+  return c_stream_hold(device, kCreatedStream, 0);
 }
 int c_stream_priority(int64_t stream) { return stream_priority(stream); }
 int64_t c_get_stream(int device) {
@@ -268,6 +287,8 @@ const NpudistRuntimeApi g_api = {
     &c_comm_buffer_release,
     &c_comm_buffer_bytes,
     &c_comm_buffer_describe,
+    &c_stream_from_pool,
+    &c_stream_hold,
 };
 
 }  // namespace

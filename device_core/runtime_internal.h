@@ -19,6 +19,9 @@ constexpr int kMaxDevices = NPUDIST_MAX_DEVICES;
 // Stream ids per device: 0 = default stream, 1..kPoolSize low priority, kPoolSize+1..2*kPoolSize high.
 constexpr int64_t kPoolSize = 32;
 constexpr int64_t kStreamsPerDevice = 1 + 2 * kPoolSize;
+// Streams an Atlas A2 device has (aclrtCreateStream's documented maximum, the default stream included).
+// The ids above stay pooled; the budget counts who holds a stream (runtime_stream_budget.cpp).
+constexpr int64_t kStreamBudget = 1984;
 
 // Throws std::invalid_argument naming the variable when the environment is malformed.
 void validate_config();
@@ -99,5 +102,13 @@ void comm_buffer_release(uint64_t handle);
 size_t comm_buffer_bytes(int device);
 // "<n> x <owner>: <bytes>" per distinct owner, joined by "; " ("" when nothing is held).
 std::string comm_buffer_describe(int device);
+
+// ---- Stream budget (runtime_stream_budget.cpp): streams held beyond the default stream and torch's pool,
+// per holder ("aclrtCreateStream", "a captured NPUGraph"). Hardware runs out of streams; the emulated pool
+// never would, so a stream leak is counted here to fail where it fails on a device. ----
+// False with *why set (CANN's code and the counts) when `device` has no stream left.
+bool stream_budget_take(int device, const std::string& holder, std::string* why);
+void stream_budget_give(int device, const std::string& holder);  // a holder with none held is ignored
+int64_t stream_budget_held(int device);
 
 }  // namespace npudist::runtime

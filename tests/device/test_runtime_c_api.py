@@ -17,8 +17,9 @@ def test_table_is_a_named_versioned_capsule():
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     assert get_name(cap) == b"npudist.runtime_api"
-    # 3: memory, copies, streams, events, properties; 4: stream_wait_event; 5: communication buffers
-    assert ext().version(cap) == 5
+    # 3: memory, copies, streams, events, properties; 4: stream_wait_event; 5: communication buffers;
+    # 6: the stream budget (stream_from_pool, stream_hold)
+    assert ext().version(cap) == 6
     with pytest.raises(ValueError):  # PyCapsule_GetPointer: wrong or missing capsule
         ext().version(object())
 

@@ -21,7 +21,8 @@ extern "C" {
 // 3: status codes; memory, copies, streams, events and device properties joined the table.
 // 4: stream_wait_event (appended; a consumer built for version N works with any table of version >= N).
 // 5: communication buffers held outside the caching allocator (comm_buffer_*).
-#define NPUDIST_RUNTIME_API_VERSION 5
+// 6: the stream budget: stream_create holds a stream until stream_destroy; stream_from_pool; stream_hold.
+#define NPUDIST_RUNTIME_API_VERSION 6
 #define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
 #define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
 
@@ -32,7 +33,8 @@ enum {
   NPUDIST_ERROR_INVALID_DEVICE = 2,  // device index or stream id out of range
   NPUDIST_ERROR_OUT_OF_MEMORY = 3,   // the host/device cannot provide the memory
   NPUDIST_ERROR_NOT_READY = 4,       // an event was not recorded or has not completed
-  NPUDIST_ERROR_INTERNAL = 5
+  NPUDIST_ERROR_INTERNAL = 5,
+  NPUDIST_ERROR_NO_STREAM_RESOURCE = 6  // the device's stream budget is used up (last_error() has the counts)
 };
 
 typedef enum NpudistMemcpyKind {
@@ -110,9 +112,10 @@ typedef struct NpudistRuntimeApi {
   npudist_status (*memset)(void* dst, int value, uint64_t bytes);
 
   // --- Streams ---
-  // A stream from the device's pool (priority < 0: high priority), like getStreamFromGlobalPool.
+  // A stream (aclrtCreateStream): a pooled id (priority < 0: high priority), holding one stream of the
+  // device's budget until stream_destroy (NPUDIST_ERROR_NO_STREAM_RESOURCE when none is left).
   npudist_status (*stream_create)(int device, int priority, int64_t* stream);
-  // Waits for the stream's pending work; pooled ids are reused by later stream_create calls.
+  // Gives the stream back to the budget; pooled ids are reused by later stream_create calls.
   npudist_status (*stream_destroy)(int device, int64_t stream);
   int (*stream_priority)(int64_t stream);  // 0 or -1 (high)
   int64_t (*get_stream)(int device);       // the calling thread's current stream on `device`
@@ -146,6 +149,14 @@ typedef struct NpudistRuntimeApi {
   // Who holds them on `device` ("" when nothing), NUL-terminated into buf (truncated to len); returns the
   // length of the whole description.
   uint64_t (*comm_buffer_describe)(int device, char* buf, uint64_t len);
+
+  // --- Version 6 ---
+  // A stream of torch's pool (getStreamFromGlobalPool, torch.npu.Stream()): shared round robin, holds nothing.
+  npudist_status (*stream_from_pool)(int device, int priority, int64_t* stream);
+  // take != 0: `holder` holds one more stream of `device`'s budget (NPUDIST_ERROR_NO_STREAM_RESOURCE when
+  // none is left); take == 0: gives one back. An Atlas A2 device has 1984 streams, the default stream and
+  // torch's pool of 64 included.
+  npudist_status (*stream_hold)(int device, const char* holder, int take);
 } NpudistRuntimeApi;
 
 // The runtime linked into npudist._C (the emulated one). Never null.

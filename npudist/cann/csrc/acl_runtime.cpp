@@ -89,6 +89,7 @@ aclError from_status(const NpudistRuntimeApi* rt, npudist_status status, const c
     case NPUDIST_ERROR_INVALID_DEVICE: code = ACL_ERROR_RT_INVALID_DEVICEID; break;
     case NPUDIST_ERROR_OUT_OF_MEMORY: code = ACL_ERROR_RT_MEMORY_ALLOCATION; break;
     case NPUDIST_ERROR_NOT_READY: code = ACL_ERROR_RT_EVENT_NOT_COMPLETE; break;
+    case NPUDIST_ERROR_NO_STREAM_RESOURCE: code = ACL_ERROR_RT_NO_STREAM_RESOURCE; break;
     default: break;
   }
   return fail(code, std::string(call) + ": " + rt->last_error());
