@@ -65,17 +65,24 @@ void CachingAllocator::free(void* ptr, const Context& ctx) {
   devices_[b->device]->free(b, ctx);
 }
 
+Block* CachingAllocator::live_block(void* ptr, const char* what) {
+  std::lock_guard<std::mutex> lock(map_mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end())
+    throw std::invalid_argument(std::string(what) + ": pointer was not allocated by the npu caching allocator");
+  return it->second;
+}
+
 void CachingAllocator::record_stream(void* ptr, int64_t stream) {
   if (!ptr) return;
-  Block* b = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(map_mu_);
-    auto it = live_.find(ptr);
-    if (it == live_.end())
-      throw std::invalid_argument("record_stream: pointer was not allocated by the npu caching allocator");
-    b = it->second;
-  }
+  Block* b = live_block(ptr, "record_stream");
   devices_[b->device]->record_stream(b, stream);
+}
+
+void CachingAllocator::erase_stream(void* ptr, int64_t stream) {
+  if (!ptr) return;
+  Block* b = live_block(ptr, "erase_stream");
+  devices_[b->device]->erase_stream(b, stream);
 }
 
 bool CachingAllocator::owns(void* ptr) {

@@ -165,6 +165,8 @@ class CachingAllocator {
   // Throws std::invalid_argument for a pointer this allocator did not return.
   void free(void* ptr, const Context& ctx = {});
   void record_stream(void* ptr, int64_t stream);
+  // Undoes record_stream(ptr, stream) for a live block (torch_npu.erase_stream). Throws like record_stream.
+  void erase_stream(void* ptr, int64_t stream);
   bool owns(void* ptr);
   int device_count() const { return static_cast<int>(devices_.size()); }
 
@@ -210,6 +212,7 @@ class CachingAllocator {
 
  private:
   DeviceAllocator& dev(int device);
+  Block* live_block(void* ptr, const char* what);  // throws std::invalid_argument naming `what`
   std::shared_ptr<DeviceHooks> hooks_;
   std::atomic<bool> caching_;
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;

@@ -199,6 +199,13 @@ void DeviceAllocator::record_stream(Block* block, int64_t stream) {
   block->stream_uses.insert(stream);
 }
 
+// torch_npu.erase_stream: the caller made the block's stream wait for `stream` (an event wait), so the use
+// recorded by record_stream no longer needs a marker when the block is freed.
+void DeviceAllocator::erase_stream(Block* block, int64_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  block->stream_uses.erase(stream);
+}
+
 void DeviceAllocator::free_block(Block* block, const Context& ctx) {
   assert(!block->allocated && block->event_count == 0 && block->stream_uses.empty());
   BlockPool* pool = block->pool;

@@ -94,6 +94,7 @@ class DeviceAllocator {
   Block* malloc(size_t size, int64_t stream, const Context& ctx);
   void free(Block* block, const Context& ctx);
   void record_stream(Block* block, int64_t stream);
+  void erase_stream(Block* block, int64_t stream);
   void empty_cache();
   void empty_cache(PoolId pool);
 

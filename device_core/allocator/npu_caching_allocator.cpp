@@ -326,19 +326,30 @@ bool owns(void* ptr) {
   return g_plug_live.count(ptr) > 0;
 }
 
-void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream) {
-  // Only blocks of the caching allocator are tracked; pluggable allocations and empty storages have
-  // nothing to protect (a pluggable allocator owns its own reuse policy).
-  if (!data_ptr.get() || data_ptr.get_deleter() != &raw_delete) return;
-  TORCH_CHECK_VALUE(stream.device_type() == c10::DeviceType::PrivateUse1,
-                    "record_stream: expected an npu stream, got ", stream);
-  {
-    std::lock_guard<std::mutex> lock(g_plug_mu);
-    if (g_plug_live.count(data_ptr.get())) return;
-  }
-  core()->record_stream(data_ptr.get(), stream.id());
+// Whether record_stream / erase_stream track the memory behind data_ptr: only blocks of the caching allocator;
+// pluggable allocations and empty storages have nothing to protect (a pluggable allocator owns its own reuse).
+static bool tracks_streams(const c10::DataPtr& data_ptr, c10::Stream stream, const char* what) {
+  if (!data_ptr.get() || data_ptr.get_deleter() != &raw_delete) return false;
+  TORCH_CHECK_VALUE(stream.device_type() == c10::DeviceType::PrivateUse1, what, ": expected an npu stream, got ",
+                    stream);
+  std::lock_guard<std::mutex> lock(g_plug_mu);
+  return !g_plug_live.count(data_ptr.get());
 }
 
+void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream) {
+  if (tracks_streams(data_ptr, stream, "record_stream")) core()->record_stream(data_ptr.get(), stream.id());
+}
+
+// torch_npu.erase_stream: undoes record_stream(stream) once the caller made the tensor's stream wait for it.
+static void erase_stream(const at::Tensor& tensor, c10::Stream stream) {
+  TORCH_CHECK_VALUE(tensor.device().type() == c10::DeviceType::PrivateUse1,
+                    "erase_stream: expected an npu tensor, got a tensor on ", tensor.device());
+  TORCH_CHECK_VALUE(stream.device_index() == tensor.device().index(), "erase_stream: the stream is on npu:",
+                    static_cast<int>(stream.device_index()), " and the tensor on ", tensor.device(),
+                    "; pass a stream of the tensor's device");
+  const c10::DataPtr& data_ptr = tensor.storage().data_ptr();
+  if (tracks_streams(data_ptr, stream, "erase_stream")) core()->erase_stream(data_ptr.get(), stream.id());
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Python bindings (torch.npu.memory), named after torch._C._cuda_* counterparts.
@@ -607,6 +618,11 @@ void init_bindings(pybind11::module_& m) {
   m.def("_npu_resetAccumulatedMemoryStats", [](int d) { g_allocator.resetAccumulatedStats(d); });
   m.def("_npu_resetPeakMemoryStats", [](int d) { g_allocator.resetPeakStats(d); });
   m.def("_npu_emptyCache", &empty_cache, nogil);
+  m.def("_npu_eraseStream", [](const at::Tensor& tensor, int64_t stream_id, int64_t device_index,
+                               int64_t device_type) {
+    erase_stream(tensor, c10::Stream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device_index),
+                                              static_cast<c10::DeviceType>(device_type)));
+  }, py::arg("tensor"), py::arg("stream_id"), py::arg("device_index"), py::arg("device_type"));
   m.def("_npu_memGetInfo", [](int d) { return g_allocator.getMemoryInfo(d); });
   m.def("_npu_setMemoryFraction", [](double f, int d) {
     check_device(d);

@@ -121,6 +121,21 @@ def empty_cache() -> None:
     _C._npu_emptyCache()
 
 
+def erase_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """Undo ``tensor.record_stream(stream)`` (torch_npu.erase_stream).
+
+    Call it only after the tensor's stream waits for ``stream`` (``Event.wait`` / ``wait_stream``): the block then
+    returns to the pool at its free without a marker on ``stream``, which record_stream would have kept it out
+    for. Without that wait a later allocation may overwrite memory ``stream`` still reads, as on Ascend.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor should be torch.Tensor, could not be {type(tensor)}")
+    if not isinstance(stream, torch.npu.Stream):
+        raise TypeError(f"stream should be torch.npu.Stream, could not be {type(stream)}")
+    _C._npu_eraseStream(tensor=tensor, stream_id=stream.stream_id, device_index=stream.device_index,
+                        device_type=stream.device_type)
+
+
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
     """Limit this process to ``fraction`` (0..1) of the device capacity; beyond it allocations OOM."""
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):

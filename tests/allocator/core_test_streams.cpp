@@ -49,6 +49,34 @@ void test_record_stream() {
   CHECK_EQ(cur(e.st().reserved_bytes), 0);
 }
 
+void test_erase_stream() {
+  Env e;
+  void* a = e.a->malloc(0, 4096, 0);
+  e.a->record_stream(a, 7);
+  e.a->record_stream(a, 8);
+  e.a->erase_stream(a, 7);  // the caller made stream 0 wait for 7: only 8 still needs a marker
+  e.a->free(a);
+  CHECK_EQ(e.hooks->markers.size(), size_t(1));
+  void* b = e.a->malloc(0, 4096, 0);
+  e.a->erase_stream(b, 9);  // never recorded: nothing to undo
+  e.a->record_stream(b, 9);
+  e.a->erase_stream(b, 9);
+  e.a->free(b);  // every use erased: back to the pool at once
+  CHECK_EQ(e.hooks->markers.size(), size_t(1));
+  void* c = e.a->malloc(0, 4096, 0);
+  CHECK_EQ(U(c), U(b));
+  bool threw = false;
+  try {
+    e.a->erase_stream(reinterpret_cast<void*>(U(c) + 16), 7);
+  } catch (const std::invalid_argument& err) {
+    threw = std::string(err.what()).find("erase_stream") != std::string::npos;
+  }
+  CHECK(threw);
+  e.a->free(c);
+  e.hooks->markers[0]->done = true;
+  check_invariants(*e.a);
+}
+
 void test_threads() {
   // Concurrent allocate/free on shared devices (the adapter frees from any thread, e.g. stream workers).
   for (const char* conf : {"", "expandable_segments:True"}) {
@@ -100,6 +128,7 @@ void test_fork_locks() {
 static RegisterCoreTests registered{
     {"stream_reuse", test_stream_reuse},
     {"record_stream", test_record_stream},
+    {"erase_stream", test_erase_stream},
     {"threads", test_threads},
     {"fork_locks", test_fork_locks},
 };

@@ -184,3 +184,34 @@ def test_caching_allocator_disabled_context():
     del y
     assert torch.npu.memory_reserved() == r0 + 20 * MiB  # caching again
     torch.npu.empty_cache()
+
+
+def test_erase_stream_returns_the_block_at_its_free():
+    # torch_npu.erase_stream after the tensor's stream waited for the side stream: the block is reused at once,
+    # where record_stream alone keeps it out until the side stream passes (the test above).
+    import torch_npu
+    n = 512 * 1024
+    s = torch.npu.Stream()
+    busy = torch.zeros(16, device="npu")
+    launch_host_fill(busy, 1.0, 300_000, s.stream_id)  # s is busy for ~0.3 s
+    x = torch.empty(n, dtype=torch.uint8, device="npu")
+    px = x.data_ptr()
+    x.record_stream(s)
+    torch.npu.current_stream().wait_stream(s)  # what erase_stream's contract asks for
+    torch_npu.erase_stream(x, s)
+    del x
+    y = torch.empty(n, dtype=torch.uint8, device="npu")
+    assert y.data_ptr() == px, "the erased stream still held the block"
+    torch.npu.synchronize()
+    assert float(busy.sum()) == 16.0
+
+
+def test_erase_stream_rejects_what_it_cannot_erase():
+    import torch_npu
+    x = torch.empty(4, device="npu")
+    with pytest.raises(TypeError, match="torch.npu.Stream"):
+        torch_npu.erase_stream(x, 0)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        torch_npu.erase_stream([1.0], torch.npu.current_stream())
+    with pytest.raises(ValueError, match="expected an npu tensor"):
+        torch_npu.erase_stream(torch.empty(4), torch.npu.current_stream())
