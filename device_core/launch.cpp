@@ -326,6 +326,22 @@ bool env_blocking() {
   return value;
 }
 
+// torch_npu's task-queue level (TASK_QUEUE_ENABLE, then torch.npu.set_task_queue_enable): 0 launches every op
+// synchronously, as blocking launch does; 1 and 2 queue. Level 2 changes how torch_npu's own two-stage queue
+// hands work over, which the emulated device does not have: it queues exactly as 1 and is reported back.
+// -1 until first read. npudist/env.py has checked the variable before the extension loads.
+std::atomic<int> g_task_queue_level{-1};
+
+int read_task_queue_level() {
+  int level = g_task_queue_level.load(std::memory_order_relaxed);
+  if (level >= 0) return level;
+  const char* v = std::getenv("TASK_QUEUE_ENABLE");
+  level = (v && v[0] == '0' && v[1] == '\0') ? 0 : (v && v[0] == '2' && v[1] == '\0') ? 2 : 1;
+  int unset = -1;
+  g_task_queue_level.compare_exchange_strong(unset, level);
+  return g_task_queue_level.load(std::memory_order_relaxed);
+}
+
 int set_thread_inline(int enable) {
   int previous = t_inline;
   t_inline = enable;
@@ -341,7 +357,14 @@ const NpudistLaunchApi g_c_api{NPUDIST_LAUNCH_API_VERSION, &set_thread_inline, &
 
 }  // namespace
 
-bool blocking() { return t_inline != 0 || env_blocking(); }
+bool blocking() { return t_inline != 0 || env_blocking() || read_task_queue_level() == 0; }
+
+int task_queue_level() { return env_blocking() ? 0 : read_task_queue_level(); }
+
+void set_task_queue_level(int level) {
+  TORCH_CHECK_VALUE(level >= 0 && level <= 2, "set_task_queue_enable: mode must be 0, 1 or 2, got ", level);
+  g_task_queue_level.store(level, std::memory_order_relaxed);
+}
 
 const NpudistLaunchApi* c_api() { return &g_c_api; }
 

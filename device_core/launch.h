@@ -12,8 +12,14 @@ namespace npudist::launch {
 
 // True when ASCEND_LAUNCH_BLOCKING=1 (or NPUDIST_LAUNCH_BLOCKING=1) selected blocking launch: every op
 // runs on the calling thread and nothing drains, exactly the host-synchronous behaviour. The environment is
-// read once; a thread that set itself inline through the C table (launch_c_api.h) is blocking too.
+// read once; a thread that set itself inline through the C table (launch_c_api.h) is blocking too, and so is
+// every thread at task-queue level 0.
 bool blocking();
+
+// torch_npu's task-queue level: 0 (synchronous), 1 or 2 (queued). Blocking launch reports 0 whatever was set.
+int task_queue_level();
+// Callers drain every device first: kernels queued before a switch to 0 would otherwise never be waited for.
+void set_task_queue_level(int level);
 
 // The C table of launch_c_api.h (one static instance).
 const NpudistLaunchApi* c_api();

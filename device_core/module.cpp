@@ -125,6 +125,8 @@ PYBIND11_MODULE(_C, m) {
   }));
   m.def("_launch_blocking", [] { return launch::blocking(); },
         "True when ASCEND_LAUNCH_BLOCKING/NPUDIST_LAUNCH_BLOCKING made every npu op synchronous.");
+  m.def("_task_queue_level", [] { return launch::task_queue_level(); });
+  m.def("_set_task_queue_level", [](int level) { launch::set_task_queue_level(level); });
   m.def("_launch_counts", [] {
     launch::Counts c = launch::counts();
     return py::dict(py::arg("queued") = c.queued, py::arg("synchronous") = c.synchronous,

@@ -159,6 +159,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUDIST_DEVICE_MEMORY", "device", "a positive size", SIZE_FORM, 16 << 30, parse_size),
     _bool("NPUDIST_LAUNCH_BLOCKING", "device", None, spell=True),
     _bool("ASCEND_LAUNCH_BLOCKING", "device", False, spell=True),
+    Variable("TASK_QUEUE_ENABLE", "device", "a task-queue level", "0 (ops launch synchronously), 1 or 2 (queued)",
+             "1", _choice_parser(("0", "1", "2")), str),
     _int("NPUDIST_LAUNCH_QUEUE_DEPTH", "device", "a queue depth", 1024, 0, 1 << 20, "kernels (0: unbounded)"),
     _int("NPUDIST_LAUNCH_INLINE_NS", "device", "a kernel time", 2000, 0, 10**9, "nanoseconds (0: always queue)"),
     _bool("NPUDIST_SHARED_DEVICE_MEMORY", "device", True, spell=True),

@@ -1,6 +1,6 @@
 """torch_npu's runtime options on the emulated device: ``set_option``, the matmul/conv precision switches
 (``torch.npu.matmul.allow_hf32``, ``cube_math_type``, ``torch.npu.conv.allow_hf32``), ``config``,
-``set_mm_bmm_format_nd``, ``use_compatible_impl``, ``get_task_queue_enable``.
+``set_mm_bmm_format_nd``, ``use_compatible_impl``, ``set_task_queue_enable`` / ``get_task_queue_enable``.
 
 The options select among Ascend kernel implementations (compile and precision modes, internal formats). The
 emulated device runs CPU kernels with full-precision results in every case, which each option permits
@@ -12,11 +12,13 @@ from __future__ import annotations
 import enum
 import warnings
 
+from npudist import _C
 from npudist.device import kernel_queue
 from npudist.device.refusal import refuses
 
 __all__ = ["set_option", "CubeMathType", "config", "matmul", "conv", "set_mm_bmm_format_nd",
            "get_mm_bmm_format_nd", "use_compatible_impl", "are_compatible_impl_enabled", "get_task_queue_enable",
+           "set_task_queue_enable",
            "set_aoe", "set_op_timeout_ms", "set_device_limit", "get_device_limit", "set_stream_limit",
            "reset_stream_limit", "get_stream_limit"]
 
@@ -133,9 +135,22 @@ def are_compatible_impl_enabled() -> bool:
 
 
 def get_task_queue_enable() -> int:
-    """0 when ops launch synchronously (``ASCEND_LAUNCH_BLOCKING=1``), else 1 (kernels queue on the stream's
-    task queue, torch_npu's level 1)."""
-    return 0 if kernel_queue.is_blocking() else 1
+    """The task-queue level in effect: 0 when ops launch synchronously (``ASCEND_LAUNCH_BLOCKING=1`` whatever
+    was set, ``TASK_QUEUE_ENABLE=0``, ``set_task_queue_enable(0)``), else 1 or 2 as set (default 1)."""
+    return _C._task_queue_level()
+
+
+def set_task_queue_enable(mode) -> None:
+    """Switch the task queue at run time, as torch_npu does: 0 launches every npu op synchronously (blocking
+    launch), 1 and 2 queue kernels on their stream (level 2 tunes torch_npu's own two-stage queue, absent here:
+    it queues as 1 does). Every device is drained first, so no kernel queued before the switch is left behind;
+    a queued kernel's error surfaces here. ``ASCEND_LAUNCH_BLOCKING=1`` keeps the effective level at 0."""
+    if isinstance(mode, str):
+        mode = int(mode) if mode.strip().isdigit() else mode
+    if isinstance(mode, bool) or mode not in (0, 1, 2):
+        raise ValueError(f"set_task_queue_enable: mode must be 0, 1 or 2, but got {mode!r}")
+    kernel_queue.drain_all_devices()
+    _C._set_task_queue_level(int(mode))
 
 
 @refuses("AOE tunes operator kernels by running them on the AI cores")

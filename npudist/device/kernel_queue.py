@@ -1,6 +1,7 @@
 """Kernel queue, public as ``torch.npu.launch`` (docs/device.md, "Asynchronous launch"): npu ops queue
 their kernels on the current stream and return; ``ASCEND_LAUNCH_BLOCKING=1`` (or
-``NPUDIST_LAUNCH_BLOCKING=1``), read once when the first op runs, makes every op synchronous.
+``NPUDIST_LAUNCH_BLOCKING=1``), read once when the first op runs, makes every op synchronous, and so does
+task-queue level 0 (``TASK_QUEUE_ENABLE=0`` or ``torch.npu.set_task_queue_enable(0)`` at run time).
 
 Queued kernels must have run before the process forks (the child has no stream workers) or exits (workers
 would compute while the interpreter shuts down): :func:`register` drains every device at both points.
@@ -60,6 +61,12 @@ def host_ordered_call(fn):
             return fn(args)
 
     return call
+
+
+def drain_all_devices() -> None:
+    """Run every device's queued kernels to completion; a queued kernel's error is raised."""
+    for device in range(_C._device_count()):
+        _C._synchronize(device)
 
 
 def _drain_all_devices() -> None:

@@ -4,16 +4,19 @@ On Ascend the fused optimizers combine every parameter of a group into one flat 
 updates them all; the update itself is the named algorithm's. Here each is that torch optimizer (with
 ``foreach`` updates, one multi-tensor kernel per step) under torch_npu's name, signature and defaults; the four
 whose algorithm PyTorch lacks (AdamP, BERT's Adam, LAMB, TensorFlow's RMSprop) are in ``algorithms``.
+``NpuFusedOptimizerBase`` (``npu_fused_optim_base``) is torch_npu's parameter-combining base class, for optimizers
+written against it.
 """
 from __future__ import annotations
 
 import torch
 from torch.optim.optimizer import required
 
+from .npu_fused_optim_base import NpuFusedOptimizerBase
 from .algorithms import NpuFusedAdamP, NpuFusedBertAdam, NpuFusedLamb, NpuFusedRMSpropTF
 
-__all__ = ["NpuFusedSGD", "NpuFusedAdadelta", "NpuFusedAdam", "NpuFusedAdamW", "NpuFusedRMSprop", "NpuFusedAdamP",
-           "NpuFusedBertAdam", "NpuFusedLamb", "NpuFusedRMSpropTF"]
+__all__ = ["NpuFusedOptimizerBase", "NpuFusedSGD", "NpuFusedAdadelta", "NpuFusedAdam", "NpuFusedAdamW",
+           "NpuFusedRMSprop", "NpuFusedAdamP", "NpuFusedBertAdam", "NpuFusedLamb", "NpuFusedRMSpropTF"]
 
 
 class NpuFusedSGD(torch.optim.SGD):
