@@ -117,14 +117,20 @@ def test_blocks_are_reused_per_stream():
     assert c.data_ptr() == pa
 
 
-def test_record_stream_delays_reuse_until_stream_passes():
-    n = 512 * 1024
+def _record_on_a_busy_stream(n):
+    """A block of n bytes recorded on a side stream that is busy for ~0.3 s: (stream, busy tensor, x)."""
     s = torch.npu.Stream()
     busy = torch.zeros(16, device="npu")
-    launch_host_fill(busy, 1.0, 300_000, s.stream_id)  # s is busy for ~0.3 s
+    launch_host_fill(busy, 1.0, 300_000, s.stream_id)
     x = torch.empty(n, dtype=torch.uint8, device="npu")
-    px = x.data_ptr()
     x.record_stream(s)  # x is (notionally) used by work queued on s
+    return s, busy, x
+
+
+def test_record_stream_delays_reuse_until_stream_passes():
+    n = 512 * 1024
+    s, busy, x = _record_on_a_busy_stream(n)
+    px = x.data_ptr()
     del x
     active = torch.npu.memory_stats()["active_bytes.all.current"]
     y = torch.empty(n, dtype=torch.uint8, device="npu")
@@ -191,12 +197,8 @@ def test_erase_stream_returns_the_block_at_its_free():
     # where record_stream alone keeps it out until the side stream passes (the test above).
     import torch_npu
     n = 512 * 1024
-    s = torch.npu.Stream()
-    busy = torch.zeros(16, device="npu")
-    launch_host_fill(busy, 1.0, 300_000, s.stream_id)  # s is busy for ~0.3 s
-    x = torch.empty(n, dtype=torch.uint8, device="npu")
+    s, busy, x = _record_on_a_busy_stream(n)
     px = x.data_ptr()
-    x.record_stream(s)
     torch.npu.current_stream().wait_stream(s)  # what erase_stream's contract asks for
     torch_npu.erase_stream(x, s)
     del x

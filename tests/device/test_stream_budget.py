@@ -5,15 +5,18 @@ import textwrap
 
 from .conftest import run_python
 
-BUDGET_SCRIPT = textwrap.dedent("""
-    import torch, npudist, acl
-    ACL_ERROR_RT_NO_STREAM_RESOURCE = 207008
+# Creates ACL streams until the budget refuses one: `streams` holds them, `ret` the refusal's code.
+EXHAUST = textwrap.dedent("""
+    import gc, torch, npudist, acl
     streams = []
     while True:
         s, ret = acl.rt.create_stream()
         if ret:
             break
         streams.append(s)
+""")
+
+BUDGET_SCRIPT = EXHAUST + textwrap.dedent("""
     print("created", len(streams), "ret", ret)
     print("msg", acl.get_recent_err_msg())
     assert torch.npu.Stream() is not None  # torch's pool is outside the budget: never exhausted
@@ -52,14 +55,7 @@ def test_streams_run_out_with_canns_code_and_come_back():
 
 
 def test_a_failed_capture_and_a_deleted_graph_give_their_stream_back():
-    res = run_python(textwrap.dedent("""
-        import gc, torch, npudist, acl
-        streams = []
-        while True:
-            s, ret = acl.rt.create_stream()
-            if ret:
-                break
-            streams.append(s)
+    res = run_python(EXHAUST + textwrap.dedent("""
         acl.rt.destroy_stream(streams.pop())  # exactly one stream left
         x = torch.ones(4, device="npu")
         for _ in range(3):  # a capture that fails gives its stream back at once
