@@ -68,7 +68,7 @@ class Fallback {
       return;
     }
     // NPUGraph capture records ops on the calling thread as they run: capturing streams run synchronously.
-    if (!launch::blocking() && !profiler::active() && !graph::any_capture_active() && launch_async(begin)) return;
+    if (launch::may_queue() && launch_async(begin)) return;
     launch::count_synchronous();
     launch::drain(device_);
     run_now(begin);

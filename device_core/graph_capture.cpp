@@ -16,7 +16,6 @@
 #include <unordered_set>
 
 #include "npu_tensor.h"
-#include "profiler.h"
 
 namespace npudist::graph {
 
@@ -253,6 +252,7 @@ std::optional<at::CallbackHandle> g_watch_handle;  // guarded by g_registry_mu
 void register_capture(ActiveCapture capture) {  // caller holds g_registry_mu
   g_registry.push_back(capture);
   g_active_captures.fetch_add(1);
+  launch::hold_synchronous(1);
   if (!g_watch_handle) {
     g_watch_handle = at::addGlobalCallback(at::RecordFunctionCallback(&watch_op).scopes({at::RecordScope::FUNCTION}));
   }
@@ -264,6 +264,7 @@ void unregister(Graph* graph) {
     if (it->graph == graph) {
       g_registry.erase(it);
       g_active_captures.fetch_sub(1);
+      launch::hold_synchronous(-1);
       if (g_registry.empty() && g_watch_handle) {
         at::removeCallback(*g_watch_handle);
         g_watch_handle.reset();
@@ -360,7 +361,7 @@ void Graph::replay() {
                                           : "has not been captured (or was reset)");
   check_storages_unchanged();
   DeviceScope ds(device_);
-  if (launch::blocking() || profiler::active() || any_capture_active()) {
+  if (!launch::may_queue()) {
     // On the calling thread, after the work queued before it on the current stream (filling static inputs);
     // work launched later is ordered after replay returns. (Eager ops run synchronously in these modes too.)
     launch::drain(device_);

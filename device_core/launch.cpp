@@ -359,6 +359,12 @@ const NpudistLaunchApi g_c_api{NPUDIST_LAUNCH_API_VERSION, &set_thread_inline, &
 
 bool blocking() { return t_inline != 0 || env_blocking() || read_task_queue_level() == 0; }
 
+std::atomic<int> g_synchronous_holds{0};
+
+bool may_queue() { return g_synchronous_holds.load(std::memory_order_relaxed) == 0 && !blocking(); }
+
+void hold_synchronous(int delta) { g_synchronous_holds.fetch_add(delta, std::memory_order_relaxed); }
+
 int task_queue_level() { return env_blocking() ? 0 : read_task_queue_level(); }
 
 void set_task_queue_level(int level) {

@@ -16,6 +16,13 @@ namespace npudist::launch {
 // every thread at task-queue level 0.
 bool blocking();
 
+// The one answer to "may this kernel be queued now?": not under blocking launch (above), and not while a session
+// holds launch synchronous: a profiler recording (its kernel events time each kernel on the calling thread) or an
+// NPUGraph capturing (capture records each op on the calling thread as it runs). Those report their sessions
+// through hold_synchronous(+1 / -1), so the state is launch's and launch depends on neither.
+bool may_queue();
+void hold_synchronous(int delta);
+
 // torch_npu's task-queue level: 0 (synchronous), 1 or 2 (queued). Blocking launch reports 0 whatever was set.
 int task_queue_level();
 // Callers drain every device first: kernels queued before a switch to 0 would otherwise never be waited for.

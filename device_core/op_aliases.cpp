@@ -15,11 +15,9 @@
 #include <vector>
 
 #include "allocator/npu_allocator.h"
-#include "graph_capture.h"
 #include "host_allocator.h"
 #include "launch.h"
 #include "npu_tensor.h"
-#include "profiler.h"
 
 namespace npudist {
 namespace {
@@ -115,7 +113,7 @@ at::Tensor as_cpu(const at::Tensor& t, const char* what) {
 // HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
 void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   const bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
-  if (src_npu && dst_npu && src.device() == dst.device() && !launch::blocking() && !profiler::active()) {
+  if (src_npu && dst_npu && src.device() == dst.device() && launch::may_queue()) {
     // npu -> npu: a queued kernel, like every other op. The aliases keep both storages alive until it ran.
     at::Tensor src_cpu = cpu_alias(src), dst_cpu = cpu_alias(dst);
     launch::enqueue(dst.device().index(), "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
@@ -125,8 +123,7 @@ void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blo
   // stream, as cudaMemcpyAsync is: the caller synchronizes (stream, event) before it reads a D2H result or
   // reuses an H2D source, exactly as on CUDA. The closure holds the pinned tensor, so its block is not
   // reused before the copy ran.
-  if (non_blocking && src_npu != dst_npu && !launch::blocking() && !profiler::active() &&
-      !graph::any_capture_active()) {
+  if (non_blocking && src_npu != dst_npu && launch::may_queue()) {
     const at::Tensor& host = src_npu ? dst : src;
     if (host.device().is_cpu() && host.has_storage() && host_memory::is_pinned(host.storage().data())) {
       const int device = (src_npu ? src : dst).device().index();

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "allocator/npu_allocator.h"
+#include "launch.h"
 #include "npu_tensor.h"
 #include "npu_runtime.h"
 
@@ -107,7 +108,7 @@ void start_recording() {
   std::lock_guard<std::mutex> g(g_mu);
   g_records.clear();
   g_dropped = 0;
-  g_active.store(1, std::memory_order_relaxed);
+  if (g_active.exchange(1, std::memory_order_relaxed) == 0) launch::hold_synchronous(1);
 }
 
 std::vector<Record> stop_recording(size_t* dropped) {
@@ -120,7 +121,7 @@ std::vector<Record> stop_recording(size_t* dropped) {
     g_tracked.store(0, std::memory_order_relaxed);
   }
   std::lock_guard<std::mutex> g(g_mu);
-  g_active.store(0, std::memory_order_relaxed);
+  if (g_active.exchange(0, std::memory_order_relaxed) == 1) launch::hold_synchronous(-1);
   if (dropped) *dropped = g_dropped;
   std::vector<Record> out;
   out.swap(g_records);
