@@ -98,12 +98,16 @@ def main(argv=None):
     try:
         path = run(argv)
     except AtcError as e:
-        print("ATC run failed, Please check the detail log, Try 'atc --help' for more information")
-        print(f"{e.code}: {e}")
-        return 1
-    if path:
-        print("ATC run success, welcome to the next use.")
-    return 0
+        code, message = e.code, str(e)
+    except Exception as e:  # a failure of atc itself: reported as ATC reports its inner errors, no traceback
+        code, message = "E19999", f"Inner Error! {type(e).__name__}: {e}"
+    else:
+        if path:
+            print("ATC run success, welcome to the next use.")
+        return 0
+    print("ATC run failed, Please check the detail log, Try 'atc --help' for more information")
+    print(f"{code}: {message}")
+    return 1
 
 
 if __name__ == "__main__":
