@@ -59,8 +59,8 @@ std::string describe_value(const c10::IValue& v) {
 // ------------------------------------------------------------------------------------------------
 // Recorded tasks
 // ------------------------------------------------------------------------------------------------
-struct Task {
-  virtual ~Task() = default;
+struct RecordedTask {
+  virtual ~RecordedTask() = default;
   // Runs the recorded kernel. `forked`: the random stream reserve_random() set aside for it at launch, or null
   // to take it from the npu generator now.
   virtual void run(const at::Generator* forked) = 0;
@@ -77,7 +77,7 @@ struct StaticOutput {
   at::Tensor alias;    // CPU alias of the npu output captured
 };
 
-struct OpTask final : Task {
+struct OpTask final : RecordedTask {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;  // CPU aliases of the npu arguments, other arguments as given
   size_t nret = 0;
@@ -137,7 +137,7 @@ struct OpTask final : Task {
   }
 };
 
-struct CopyTask final : Task {
+struct CopyTask final : RecordedTask {
   at::Tensor src, dst;  // CPU aliases
   bool non_blocking;
   CopyTask(at::Tensor s, at::Tensor d, bool nb) : src(std::move(s)), dst(std::move(d)), non_blocking(nb) {}
@@ -161,7 +161,7 @@ class Graph {
   void capture_begin(uint64_t pool, const std::string& mode);
   void capture_end();
   void replay();
-  static void run_tasks(const std::vector<std::shared_ptr<Task>>& tasks,
+  static void run_tasks(const std::vector<std::shared_ptr<RecordedTask>>& tasks,
                         const std::vector<std::optional<at::Generator>>& forks);
   void reset();
   uint64_t pool() const {
@@ -175,7 +175,7 @@ class Graph {
   }
 
   // Called by the hooks while capturing (from any thread running ops on the capturing stream).
-  void add_task(std::unique_ptr<Task> task, const std::vector<c10::StorageImpl*>& storages);
+  void add_task(std::unique_ptr<RecordedTask> task, const std::vector<c10::StorageImpl*>& storages);
   // Marks the capture failed (capture_end raises `why`); fail() also raises it now.
   void invalidate(const std::string& why);
   [[noreturn]] void fail(const std::string& why);
@@ -196,7 +196,7 @@ class Graph {
   int64_t stream_ = 0;
   uint64_t pool_ = 0;
   std::string invalid_;
-  std::vector<std::shared_ptr<Task>> tasks_;  // shared with queued replays (a reset may come before they ran)
+  std::vector<std::shared_ptr<RecordedTask>> tasks_;  // shared with queued replays (a reset may come before they ran)
   // The graph's private pool: every storage a task touches, kept alive, with its address at capture.
   std::unordered_map<c10::StorageImpl*, std::pair<c10::intrusive_ptr<c10::StorageImpl>, const void*>> storages_;
 };
@@ -378,7 +378,7 @@ void Graph::replay() {
   launch::enqueue(device_, "NPUGraph.replay", [tasks = tasks_, forks = std::move(forks)]() { run_tasks(tasks, forks); });
 }
 
-void Graph::run_tasks(const std::vector<std::shared_ptr<Task>>& tasks,
+void Graph::run_tasks(const std::vector<std::shared_ptr<RecordedTask>>& tasks,
                       const std::vector<std::optional<at::Generator>>& forks) {
   // The recorded kernels are below autograd, as in eager (the fallback runs under the same guard), and a
   // replay is not Python's to see: the kernels' inner aten calls skip Python dispatch modes (as a device
@@ -423,7 +423,7 @@ void Graph::debug_dump(const std::string& path) const {
   TORCH_CHECK(out.good(), "NPUGraph.debug_dump: writing '", path, "' failed");
 }
 
-void Graph::add_task(std::unique_ptr<Task> task, const std::vector<c10::StorageImpl*>& storages) {
+void Graph::add_task(std::unique_ptr<RecordedTask> task, const std::vector<c10::StorageImpl*>& storages) {
   std::lock_guard<std::mutex> g(mu_);
   if (state_ != State::kCapturing || !invalid_.empty()) return;
   for (c10::StorageImpl* si : storages) {

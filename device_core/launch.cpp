@@ -206,9 +206,9 @@ class LaunchStateGuard {
 
 // What a kernel needs from its launching thread: the kernel and the state it runs under (LaunchState);
 // intra-op threads come from ATen's setting, initialised once per worker.
-struct Task {
-  Task(std::function<void()> k, const char* o) : kernel(std::move(k)), op(o) {}
-  ~Task() {
+struct QueuedKernel {
+  QueuedKernel(std::function<void()> k, const char* o) : kernel(std::move(k)), op(o) {}
+  ~QueuedKernel() {
     if (site && g_site.release) g_site.release(site);
   }
   std::function<void()> kernel;
@@ -228,7 +228,7 @@ struct Task {
 // of the parent may have held the mutex.
 struct Retired {
   std::mutex mu;
-  std::vector<Task*> tasks;
+  std::vector<QueuedKernel*> tasks;
 };
 std::atomic<Retired*> g_retired{new Retired()};
 std::atomic<bool> g_has_retired{false};
@@ -268,7 +268,7 @@ struct RetiredForkHandler {
   RetiredForkHandler() { pthread_atfork(nullptr, nullptr, &forget_retired_after_fork); }
 } g_retired_fork_handler;
 
-void retire(Task* t) {
+void retire(QueuedKernel* t) {
   Retired* r = g_retired.load(std::memory_order_acquire);
   std::lock_guard<std::mutex> lk(r->mu);
   r->tasks.push_back(t);
@@ -276,7 +276,7 @@ void retire(Task* t) {
 }
 
 void run_task(void* arg) {
-  std::unique_ptr<Task> t(static_cast<Task*>(arg));
+  std::unique_ptr<QueuedKernel> t(static_cast<QueuedKernel*>(arg));
   static thread_local bool threads_initialised = false;
   if (!threads_initialised) {
     at::init_num_threads();
@@ -425,7 +425,7 @@ bool idle_for_inline(int device) {
 
 bool release_finished() {
   if (!g_has_retired.load(std::memory_order_acquire)) return false;
-  thread_local std::vector<Task*> done;  // keeps its capacity: swapped with the shared list each time
+  thread_local std::vector<QueuedKernel*> done;  // keeps its capacity: swapped with the shared list each time
   thread_local bool releasing = false;   // a destructor below that reached a launch must not swap `done` again
   if (releasing) return false;
   releasing = true;
@@ -436,7 +436,7 @@ bool release_finished() {
     g_has_retired.store(false, std::memory_order_release);
   }
   const bool any = !done.empty();
-  for (Task* t : done) delete t;
+  for (QueuedKernel* t : done) delete t;
   done.clear();
   releasing = false;
   return any;
@@ -461,7 +461,7 @@ void raise_queued_warnings() {
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost) {
   release_finished();
   raise_queued_warnings();
-  auto task = std::make_unique<Task>(std::move(kernel), op);
+  auto task = std::make_unique<QueuedKernel>(std::move(kernel), op);
   if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
   Window* w = window_for(device, stream);

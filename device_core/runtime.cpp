@@ -249,7 +249,7 @@ struct Marker {
 
 namespace {
 
-struct Task {
+struct StreamItem {
   npudist_host_fn fn = nullptr;
   void* arg = nullptr;
   MarkerPtr marker;  // set for marker tasks (fn == nullptr)
@@ -261,7 +261,7 @@ struct StreamState {
   std::mutex mu;
   std::condition_variable cv_work;  // worker sleeps here
   std::condition_variable cv_done;  // waiters sleep here
-  std::deque<Task> queue;
+  std::deque<StreamItem> queue;
   std::atomic<int64_t> pending{0};  // enqueued and not yet finished
   std::atomic<int> waiters{0};
   std::atomic<int> worker_sleeping{0};
@@ -269,7 +269,7 @@ struct StreamState {
 
   void run_worker() {
     for (;;) {
-      Task t;
+      StreamItem t;
       auto has_work = [this] { return pending.load(std::memory_order_acquire) > 0; };
       wait_until(has_work, mu, cv_work, worker_sleeping);
       {
@@ -296,7 +296,7 @@ struct StreamState {
   // hooks: a worker holds no Python GIL).
   static void wait_on_worker(const MarkerPtr& m);
 
-  void push(Task t) {
+  void push(StreamItem t) {
     {
       std::lock_guard<std::mutex> lk(mu);
       if (!worker_started) {
@@ -365,7 +365,7 @@ MarkerPtr record_marker(int device, int64_t stream) {
     m->done.store(true, std::memory_order_release);
     return m;
   }
-  Task t;
+  StreamItem t;
   t.marker = m;
   s->push(std::move(t));
   return m;
@@ -401,7 +401,7 @@ double marker_elapsed_ms(const MarkerPtr& start, const MarkerPtr& end) {
 
 void launch_host_func(int device, int64_t stream, void (*fn)(void*), void* arg) {
   if (!fn) throw std::invalid_argument("launch_host_func: fn is null");
-  Task t;
+  StreamItem t;
   t.fn = fn;
   t.arg = arg;
   state(device, stream)->push(std::move(t));
@@ -409,7 +409,7 @@ void launch_host_func(int device, int64_t stream, void (*fn)(void*), void* arg) 
 
 void stream_wait_marker(int device, int64_t stream, const MarkerPtr& m) {
   if (marker_done(m)) return;  // nothing to order after (and a cheap check for the common case)
-  Task t;
+  StreamItem t;
   t.wait = m;
   state(device, stream)->push(std::move(t));
 }
