@@ -23,6 +23,10 @@ std::atomic<int> g_active_captures{0};
 
 namespace {
 
+// CANN's code for an operation the capture mode does not support: every refusal of a capture carries it, the code
+// Ascend users search for.
+constexpr const char* kNotSupported = " (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, error code 107030)";
+
 enum class Mode { kGlobal, kThreadLocal, kRelaxed };
 
 Mode parse_mode(const std::string& m) {
@@ -242,7 +246,7 @@ std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
   Graph* graph = capturing_graph(rt::current_device());
   if (!graph) return nullptr;
   graph->invalidate(c10::str("The operator '", *name, "' is not permitted while an npu stream is capturing an "
-                             "NPUGraph: ", collective ? "hccl collectives run on hccl's own streams"
+                             "NPUGraph", kNotSupported, ": ", collective ? "hccl collectives run on hccl's own streams"
                                                       : "its npu kernel works on the npu bytes outside the fallback",
                              ", so a replay could not re-run it. Run it outside the captured region."));
   return nullptr;
@@ -510,13 +514,15 @@ OpRecordingPtr begin_op(const c10::OperatorHandle& op, int device, const torch::
   const c10::OperatorName& name = op.schema().operator_name();
   if ((op.hasTag(at::Tag::dynamic_output_shape) && !has_static_shape_here(op, stack, nargs)) ||
       op.hasTag(at::Tag::data_dependent_output) || !returns_only_tensors(op.schema())) {
-    graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph: ",
+    graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph",
+                         kNotSupported, ": ",
                          "its output ", op.hasTag(at::Tag::dynamic_output_shape) ? "shape depends on the input values"
                                                                                : "is a host value read from the device",
                          ", which a replay cannot reproduce. Run it outside the captured region."));
   }
   if (has_cpu_tensor_args) {
-    graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph: ",
+    graph->fail(c10::str("The operator '", name, "' is not permitted while an npu stream is capturing an NPUGraph",
+                         kNotSupported, ": ",
                          "it takes a CPU tensor argument (host memory read at launch). Move that tensor to npu "
                          "before capture."));
   }
