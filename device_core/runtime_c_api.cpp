@@ -158,7 +158,7 @@ constexpr const char* kCreatedStream = "aclrtCreateStream (not destroyed)";
 npudist_status c_stream_create(int device, int priority, int64_t* stream) {
   if (!stream) return fail(NPUDIST_ERROR_INVALID_VALUE, "stream_create: stream is null");
   if (npudist_status s = c_stream_hold(device, kCreatedStream, 1)) return s;
-  return guarded([&] { *stream = pool_stream(device, priority < 0); });
+  return c_stream_from_pool(device, priority, stream);
 }
 // Pooled ids are shared round-robin by every caller, so only the budget's count goes back: destroying
 // the same handle twice gives back two.

@@ -104,11 +104,10 @@ size_t comm_buffer_bytes(int device);
 std::string comm_buffer_describe(int device);
 
 // ---- Stream budget (runtime_stream_budget.cpp): streams held beyond the default stream and torch's pool,
-// per holder ("aclrtCreateStream", "a captured NPUGraph"). Hardware runs out of streams; the emulated pool
-// never would, so a stream leak is counted here to fail where it fails on a device. ----
+// per holder ("aclrtCreateStream (not destroyed)", "captured NPUGraphs (not reset)"). Hardware runs out of
+// streams; the emulated pool never would, so a stream leak is counted here to fail where it fails on a device. ----
 // False with *why set (CANN's code and the counts) when `device` has no stream left.
 bool stream_budget_take(int device, const std::string& holder, std::string* why);
 void stream_budget_give(int device, const std::string& holder);  // a holder with none held is ignored
-int64_t stream_budget_held(int device);
 
 }  // namespace npudist::runtime

@@ -47,10 +47,4 @@ void stream_budget_give(int device, const std::string& holder) {
   if (it != g_held[device].end() && it->second > 0) --it->second;
 }
 
-int64_t stream_budget_held(int device) {
-  if (device < 0 || device >= kMaxDevices) return 0;
-  std::lock_guard<std::mutex> g(g_mu);
-  return held_locked(device);
-}
-
 }  // namespace npudist::runtime
