@@ -2,9 +2,10 @@
 
 Every rank draws the same random program from (seed, op index): which collective or p2p pattern, which group
 (the world or a subgroup created mid-run, overlapping others), dtype, reduce op, root, split sizes, device
-(cpu or npu) and size. Sizes straddle every protocol threshold of the engine (npudist/hccl/engine/comm.cpp):
-one-shot reductions up to 64 KiB, 256 KiB pipeline chunks and the zero-copy threshold, direct reads from
-512 KiB (pairs), the p2p ring's 512 KiB chunks, streaming stores from 4 MiB and the direct limit of 8 MiB.
+(cpu or npu) and size. Sizes straddle every protocol threshold of the engine (set in
+npudist/hccl/engine/shm_engine_impl.cpp): one-shot reductions up to 64 KiB, 256 KiB pipeline chunks and the
+zero-copy threshold, direct reads from 512 KiB (pairs), the p2p ring's 512 KiB chunks, streaming stores from
+4 MiB and the direct limit of 8 MiB.
 
 Inputs are closed forms of (seed, op index, rank, element index) with small integer values, so every rank
 computes every other rank's input and therefore the exact expected output of each op. A wrong value, an

@@ -21,10 +21,8 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return o.str();
 }
 
-}  // namespace
-
-namespace ops {
-
+// barrier(timeout=...) through the group's store: every rank posts its arrival for `seq` and waits for the
+// others up to `timeout`; on expiry raises DistBackendError naming the ranks missing.
 void store_barrier(c10d::Store& store, int rank, int size, uint64_t seq, std::chrono::milliseconds timeout,
                    const std::string& what) {
   const std::string prefix = c10::str("hccl_barrier/", seq, "/");
@@ -47,7 +45,7 @@ void store_barrier(c10d::Store& store, int rank, int size, uint64_t seq, std::ch
                                              " ms: ranks [", join_ranks(missing), "] did not arrive"));
 }
 
-}  // namespace ops
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOptions& opts) {
   HCCL_SPEC(s, c10d::OpType::BARRIER, "barrier", {}, {}, opts.asyncOp);
@@ -61,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOpti
                              size_, ")"));
     };
   }
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 // monitoredBarrier: ranks > 0 report to rank 0 through the store and wait for its release; rank 0

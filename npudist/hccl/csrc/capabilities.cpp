@@ -1,7 +1,8 @@
 // The newer c10d Backend capabilities, as ProcessGroupNCCL offers them:
 // * coalescing: startCoalescing() .. endCoalescing() returns one Work for every op issued in between
 //   (torch's _coalescing_manager(group, device) and, because supportsCoalescing() is true,
-//   batch_isend_irecv). The ops themselves run as they would alone: the engine needs no group launch.
+//   batch_isend_irecv). The ops themselves run as they would alone: the engine needs no grouped call
+//   (NCCL's ncclGroupStart/End).
 // * shrink: a new group of the remaining ranks (torch.distributed.shrink_group), made like split().
 // * allocateTensor: memory for communication buffers (FSDP2's
 //   set_allocate_memory_from_process_group_for_comm). The npu caching allocator's fixed segments are the

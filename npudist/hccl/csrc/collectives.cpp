@@ -1,6 +1,7 @@
 // The reduction and gather ops of ProcessGroupHCCL: argument checks (clear ValueErrors on the calling
 // rank, before anything is issued), contiguous staging, and an OpSpec whose body calls the engine
-// routing in communicator_calls.cpp. all_to_all, gather/scatter, p2p and barrier are in exchange.cpp.
+// routing in communicator_calls.cpp. all_to_all, gather and scatter are in
+// exchange.cpp, p2p in point_to_point.cpp, barriers in barriers.cpp, sparse all_reduce in sparse_all_reduce.cpp.
 #include <c10/util/Exception.h>
 
 #include <numeric>
@@ -66,7 +67,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tenso
     do_all_reduce(c, rop, seq, "all_reduce");
     copy_back(t, c);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_coalesced(
@@ -92,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_coalesced(
     do_all_reduce(flat, rop, seq, "allreduce_coalesced");
     unflatten_into(flat, ts);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::broadcast(std::vector<at::Tensor>& tensors,
@@ -110,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::broadcast(std::vector<at::Tenso
     do_broadcast(c, root, seq, "broadcast");
     if (rank_ != root) copy_back(t, c);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>& tensors,
@@ -131,7 +132,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>&
     do_reduce(c, rop, root, seq);
     if (rank_ == root) copy_back(t, c);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -154,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_allgather_base(at::Tensor& out
     do_all_gather(ci, co, seq, "all_gather_into_tensor");
     copy_back(out, co);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(
@@ -193,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(
     }
     unflatten_into(flat, outs);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_coalesced(
@@ -236,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_coalesced(
     do_all_gather(mine, all, seq, "allgather_coalesced");
     unflatten_into(all, flat_outs);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_into_tensor_coalesced(
@@ -263,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_into_tensor_coalesced
       copy_back(outs[i], co);
     }
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(
@@ -288,7 +289,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(
     do_reduce_scatter(contiguous_of(in), co, rop, seq, "reduce_scatter_tensor");
     copy_back(out, co);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(
@@ -333,7 +334,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(
     do_reduce_scatter(flatten(ins), co, rop, seq, "reduce_scatter");
     copy_back(out, co);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter_tensor_coalesced(
@@ -363,7 +364,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter_tensor_coalesced
       copy_back(outs[i], co);
     }
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 

@@ -49,7 +49,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall_base(at::Tensor& outpu
     do_all_to_all(contiguous_of(in), co, send, recv, seq, "all_to_all_single");
     copy_back(out, co);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor>& outputs,
@@ -79,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor
     do_all_to_all(flatten(ins), out_flat, send, recv, seq, "all_to_all");
     unflatten_into(out_flat, outs);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 namespace {
@@ -131,7 +131,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<
       do_gather(contiguous_of(in), nullptr, root, seq);
     }
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>& outputs,
@@ -158,7 +158,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>
     }
     copy_back(out, co);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 }  // namespace npudist::hccl

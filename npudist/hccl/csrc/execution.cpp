@@ -1,4 +1,4 @@
-// ProcessGroupHCCL op launch and execution (caller thread or worker lanes; npu stream gate and fence),
+// ProcessGroupHCCL: issuing an op and executing it (caller thread or worker lanes; npu stream gate and fence),
 // error translation, and WorkHCCL.
 #include <ATen/record_function.h>
 #include <mutex>
@@ -15,7 +15,7 @@
 namespace npudist::hccl {
 
 // ------------------------------------------------------------------------------------------------
-// Launch / execution
+// Issue / execution
 
 void ProcessGroupHCCL::check_usable(const char* op) {
   if (terminated_) {
@@ -79,7 +79,7 @@ void record_async_failure(const std::exception_ptr& err, const char* how) {
 // tracks the comm stream through record_stream) reuses the op's memory only afterwards, and work ordered
 // after the op's future (recorded on this stream right after the fence) sees its result. A failure whose
 // future was handed out and that no wait() reported is raised at the next synchronization point: the
-// future completed at launch and cannot carry it.
+// future completed when the op was issued and cannot carry it.
 struct Fence {
   c10::intrusive_ptr<WorkHCCL> work;
   static void wait_fn(void* arg) {
@@ -112,7 +112,7 @@ int npu_device_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
   check_usable(spec.name);
   const NpudistRuntimeApi* api = runtime_api();
   const int device = npu_device_of(spec.inputs, spec.outputs);
@@ -122,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
     // The communicator's buffers on this device (device_buffers.cpp), before the op takes a sequence number.
     if (!(charged_mask_.load(std::memory_order_relaxed) & (uint64_t{1} << device))) charge_device_buffers(device);
   }
-  std::lock_guard<std::mutex> issue(issue_mu_);
+  std::lock_guard<std::mutex> issuing(issue_mu_);
   const uint64_t seq = spec.p2p ? ++p2p_seq_ : ++seq_;
   const uint64_t trace_id = record_op(trace_pg_id_, options_->group_name,
                                       getGroupDesc().empty() ? options_->group_desc : getGroupDesc(), spec, seq_,
@@ -145,7 +145,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
     if (stream_busy) api->stream_synchronize(device, cur_stream);
     work->observed_ = true;  // c10d waits on a synchronous op right away: its caller gets any error
     work->future_inline_ = true;
-    profiling::note_launch(*work, device, cur_stream);
+    profiling::note_issue(*work, device, cur_stream);
     execute(work);
     return work;
   }
@@ -169,8 +169,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(OpSpec spec) {
       }
     }
     api->launch_host_func(device, cs, &Fence::wait_fn, new Fence{work});
-    work->complete_future_at_launch(stream);
-    profiling::note_launch(*work, device, cs);
+    work->complete_future_at_issue(stream);
+    profiling::note_issue(*work, device, cs);
   }
   {
     std::lock_guard<std::mutex> g(works_mu_);
@@ -423,7 +423,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkHCCL::getFuture() {
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkHCCL::getFutureResult() { return settled_future(); }
 
-// An op run at launch (synchronous, on the caller's thread, complete before its Work is returned) gets its
+// An op run when issued (synchronous, on the caller's thread, complete before its Work is returned) gets its
 // future only when someone asks for it: c10d waits on such a Work and drops it, and making the future and
 // marking it completed cost ~0.15 µs per call on cpu tensors, ~0.45 µs on npu tensors (an event per device;
 // docs/hccl_engine.md, "Small-message latency"). The future is made completed, so no callback can ever run
@@ -451,7 +451,7 @@ bool WorkHCCL::finish_future() {
   return true;
 }
 
-void WorkHCCL::complete_future_at_launch(const c10::Stream& comm_stream) {
+void WorkHCCL::complete_future_at_issue(const c10::Stream& comm_stream) {
   future_claimed_ = true;
   // The storages of inputs and outputs: a consumer of the future (a send's included) is ordered after the
   // whole op, and the comm stream's fence keeps the memory until then.
@@ -504,11 +504,11 @@ void WorkHCCL::complete(std::exception_ptr error) {
       msg = e.what();
     }
   }
-  if (!future_inline_ && !future_claimed_) {  // an op run at launch makes its future on request
+  if (!future_inline_ && !future_claimed_) {  // an op run when issued makes its future on request
     post_completion([w = c10::intrusive_ptr<WorkHCCL>::reclaim_copy(this)] { w->finish_future(); });
   }
   FlightRecorder::get().mark_done(trace_id_, pg_->trace_pg_id_, spec_.p2p ? 0 : seq_, msg);
-  // An op run at launch was never listed as outstanding: only its failure goes to the watchdog.
+  // An op run when issued was never listed as outstanding: only its failure goes to the watchdog.
   if (error || !future_inline_) pg_->on_work_done(this);
 }
 

@@ -95,7 +95,7 @@ const std::string& current_thread_name() {
 }
 
 // The adapter's op names in PyTorch's vocabulary (ProcessGroupNCCL's profiling titles, which fr_trace's
-// COLLECTIVES / P2P sets list); every name the adapter launches is here.
+// COLLECTIVES / P2P sets list); every name the adapter issues is here.
 const std::string& torch_op_name(const std::string& op) {
   static const std::unordered_map<std::string, std::string> names = {
       {"all_reduce", "all_reduce"},

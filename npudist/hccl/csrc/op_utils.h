@@ -1,9 +1,9 @@
-// Helpers shared by the op translation units (collectives.cpp, exchange.cpp): argument checks that
+// Helpers shared by the op translation units (collectives, exchange, point_to_point, barriers,
+// sparse_all_reduce): argument checks that
 // raise ValueError, contiguous staging and list flattening, and the OpSpec boilerplate.
 #pragma once
 #include <c10/util/Exception.h>
 
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -95,11 +95,6 @@ inline void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outs
   var.inputs = ins;                                          \
   var.outputs = outs;                                        \
   var.async = is_async
-
-// barrier(timeout=...) through the group's store (extras.cpp): every rank posts its arrival for `seq` and
-// waits for the others up to `timeout`; on expiry raises DistBackendError naming the ranks missing.
-void store_barrier(c10d::Store& store, int rank, int size, uint64_t seq, std::chrono::milliseconds timeout,
-                   const std::string& what);
 
 inline void check_one(const std::vector<at::Tensor>& ts, const char* op) {
   TORCH_CHECK_VALUE(ts.size() == 1, "hccl ", op, ": expected one tensor per process, got ", ts.size(),

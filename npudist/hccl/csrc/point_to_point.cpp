@@ -25,7 +25,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::send(std::vector<at::Tensor>& t
     if (dst == rank_) send_to_self(t, tag);
     else do_send(contiguous_of(t), dst, tag);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
@@ -43,7 +43,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& t
     do_recv(c, src, tag);
     copy_back(t, c);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 void ProcessGroupHCCL::send_to_self(const at::Tensor& t, int tag) {
@@ -123,7 +123,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recvAnysource(std::vector<at::T
     copy_back(t, c);
     source->store(src);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 int WorkHCCL::sourceRank() const {

@@ -1,6 +1,7 @@
 // ProcessGroupHCCL: construction (topology, the group's Communicator from communicator_factory.cpp),
-// options and split. Launch/execution and Work: execution.cpp; watchdog, abort, shutdown: watchdog.cpp;
-// the ops: collectives.cpp and exchange.cpp; their Communicator calls: communicator_calls.cpp.
+// options and split. Issue/execution and Work: execution.cpp; watchdog, abort, shutdown: watchdog.cpp;
+// the ops: collectives.cpp, exchange.cpp, point_to_point.cpp, barriers.cpp, sparse_all_reduce.cpp; their
+// Communicator calls: communicator_calls.cpp.
 #include "process_group_hccl.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>

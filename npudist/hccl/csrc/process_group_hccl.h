@@ -129,8 +129,9 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  // extras.cpp: composed from the ops above.
+  // point_to_point.cpp: a peek at each peer's next message, then an ordinary receive.
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  // barriers.cpp: through the group's store, so rank 0 can name every rank that did not arrive.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
@@ -167,7 +168,7 @@ class ProcessGroupHCCL : public c10d::Backend {
  private:
   friend class WorkHCCL;
   void connect();
-  c10::intrusive_ptr<c10d::Work> launch(OpSpec spec);
+  c10::intrusive_ptr<c10d::Work> issue(OpSpec spec);
   void execute(const c10::intrusive_ptr<WorkHCCL>& work);
   std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool comm_error);
   void check_usable(const char* op);
@@ -200,13 +201,15 @@ class ProcessGroupHCCL : public c10d::Backend {
   void do_barrier(uint64_t seq);
   void do_send(const at::Tensor& t, int peer, int tag);
   void do_recv(at::Tensor& t, int peer, int tag);
-  // send/recv between a rank and itself (exchange.cpp): a send leaves a copy in a mailbox, a recv takes the
+  // send/recv between a rank and itself (point_to_point.cpp): a send leaves a copy in a mailbox, a recv takes the
   // oldest one (matched in order, like messages between two ranks); no communicator involved.
   void send_to_self(const at::Tensor& t, int tag);
   void recv_from_self(at::Tensor& t, int tag);
-  // extras.cpp
+  // sparse_all_reduce.cpp
   c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(const at::Tensor& t, const c10d::AllreduceOptions& opts);
+  // point_to_point.cpp
   int recv_any(at::Tensor& t, int tag);  // returns the sender's group rank
+  // barriers.cpp: numbers each monitoredBarrier's store keys
   std::atomic<uint64_t> monitored_seq_{0};
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -217,7 +220,7 @@ class ProcessGroupHCCL : public c10d::Backend {
   size_t hccl_buffer_bytes_ = 0;  // HCCL_BUFFSIZE / hccl_buffer_size
   std::string buffer_source_;     // which of the two set it, for messages
   std::mutex charge_mu_;
-  std::atomic<uint64_t> charged_mask_{0};             // bit d: device d charged (fast path of launch)
+  std::atomic<uint64_t> charged_mask_{0};             // bit d: device d charged (fast path of issue)
   std::vector<std::pair<int, uint64_t>> charges_;     // (device, runtime handle), under charge_mu_
   Topology topo_;
   std::string comm_name_;
@@ -297,16 +300,16 @@ class WorkHCCL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   std::vector<at::Tensor> result() override { return spec_.outputs; }
   uint64_t getSequencenumber() const override { return seq_; }
-  int sourceRank() const override;  // extras.cpp
+  int sourceRank() const override;  // point_to_point.cpp
   float getDuration() const override;
 
   // Blocks until completed without raising (used by the npu stream fence).
   void block_until_done();
   // Completes the work (once); called by the executing thread.
   void complete(std::exception_ptr error);
-  // npu tensors, asynchronous launch path: completes the future now, its value ordered on the comm stream
-  // (events recorded there after the op's fence), as NCCL's future completes at launch.
-  void complete_future_at_launch(const c10::Stream& comm_stream);
+  // npu tensors, asynchronous path: completes the future when the op is issued, its value ordered on the comm
+  // stream (events recorded there after the op's fence), as NCCL's future completes when its op is enqueued.
+  void complete_future_at_issue(const c10::Stream& comm_stream);
   std::string describe() const;
 
   OpSpec spec_;
@@ -315,14 +318,14 @@ class WorkHCCL : public c10d::Work {
   std::chrono::steady_clock::time_point issued_, started_, finished_;
   std::atomic<bool> observed_{false};     // the user saw the outcome (wait/future)
   std::atomic<bool> error_handled_{false};  // the watchdog acted on its failure
-  c10::intrusive_ptr<c10::ivalue::Future> future_;  // an op run at launch: made on first request
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // an op run when issued: made on first request
   // Futures: cpu tensors' complete with the op, on a callback thread (callback_pool.h) or on a thread that
   // wait()s for the op, whichever claims it first; never on the thread that ran the op, where a then()
-  // callback that waits for another op of the group would deadlock it. An op run at launch on the caller's
+  // callback that waits for another op of the group would deadlock it. An op run when issued, on the caller's
   // thread gets its future on the first request, made completed (settled_future).
   std::atomic<bool> future_claimed_{false};
   std::atomic<bool> future_taken_{false};  // getFuture() was called (DDP hooks): failures must surface
-  bool future_inline_ = false;             // the op runs at launch on the caller's thread
+  bool future_inline_ = false;             // the op runs when issued, on the caller's thread
   ProcessGroupHCCL* pg_;  // valid while the work is outstanding (the group drains before dying)
   Lane* lane_ = nullptr;  // the collective lane it was queued on (wait() may run it there and then)
   uint64_t ticket_ = 0;

@@ -12,7 +12,7 @@ const NpudistProfilerApi* g_api = nullptr;
 
 namespace {
 
-struct Launch {
+struct Issued {
   const ProcessGroupHCCL* pg;
   uint64_t seq;
   int device;
@@ -20,10 +20,10 @@ struct Launch {
   uint64_t correlation;
 };
 
-// Works launched while recording, until they execute. Keyed by address; the (group, seq) check guards
-// against a stale entry (launched while recording, executed after it stopped) whose address was reused.
+// Works issued while recording, until they execute. Keyed by address; the (group, seq) check guards
+// against a stale entry (issued while recording, executed after it stopped) whose address was reused.
 std::mutex g_mu;
-std::unordered_map<const WorkHCCL*, Launch> g_launched;
+std::unordered_map<const WorkHCCL*, Issued> g_issued;
 constexpr size_t kMaxPending = 65536;
 
 int64_t total_numel(const std::vector<at::Tensor>& ts) {
@@ -51,20 +51,20 @@ std::string ranks_of(ProcessGroupHCCL& pg) {
 
 }  // namespace
 
-void note_launch(const WorkHCCL& work, int device, int64_t stream) {
+void note_issue(const WorkHCCL& work, int device, int64_t stream) {
   if (device < 0 || !active()) return;
   std::lock_guard<std::mutex> g(g_mu);
-  if (g_launched.size() >= kMaxPending) g_launched.clear();
-  g_launched[&work] = Launch{work.pg_, work.seq_, device, stream, g_api->current_correlation()};
+  if (g_issued.size() >= kMaxPending) g_issued.clear();
+  g_issued[&work] = Issued{work.pg_, work.seq_, device, stream, g_api->current_correlation()};
 }
 
 void CollectiveScope::begin(const WorkHCCL& work) {
   {
     std::lock_guard<std::mutex> g(g_mu);
-    auto it = g_launched.find(&work);
-    if (it == g_launched.end()) return;
-    const Launch l = it->second;
-    g_launched.erase(it);
+    auto it = g_issued.find(&work);
+    if (it == g_issued.end()) return;
+    const Issued l = it->second;
+    g_issued.erase(it);
     if (l.pg != work.pg_ || l.seq != work.seq_) return;
     device_ = l.device;
     stream_ = l.stream;

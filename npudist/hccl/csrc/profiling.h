@@ -20,9 +20,9 @@ inline bool active() {
   return g_api && static_cast<const std::atomic<int>*>(g_api->active_flag)->load(std::memory_order_relaxed);
 }
 
-// At launch, on the issuing thread: remember the torch op that issued the work and the npu stream the
+// When the op is issued, on the issuing thread: remember the torch op that issued the work and the npu stream the
 // op is ordered on (the caller's current stream when it runs synchronously, else the group's comm stream).
-void note_launch(const WorkHCCL& work, int device, int64_t stream);
+void note_issue(const WorkHCCL& work, int device, int64_t stream);
 
 // Around the op's execution (on whichever thread runs it): records its start/end.
 class CollectiveScope {

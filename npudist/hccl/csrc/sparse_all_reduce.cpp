@@ -86,7 +86,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_sparse_coo(const at::
                          .coalesce();
     t.copy_(sum);
   };
-  return launch(std::move(s));
+  return issue(std::move(s));
 }
 
 }  // namespace npudist::hccl
