@@ -61,6 +61,10 @@ def _expert_parallel(model):
     return prepare_expert_parallel(model)
 
 
+def _variant(cfg) -> str:
+    return cfg.hf_model_type
+
+
 def _build(cfg):
     from .hf import build_hf_causal_lm
     return build_hf_causal_lm(cfg)
@@ -69,4 +73,5 @@ def _build(cfg):
 HF_SPEC = ModelSpec(
     name="hf_causal_lm", build=_build, layout=hf_layout, check=check_hf, tp_plan=TP_PLAN,
     fsdp_units=(BLOCK,), supports_pipeline=True, experts=hf_experts, expert_parallel=_expert_parallel,
+    variant=_variant,
     description="HuggingFace transformers causal LM (random init), npudist.models.hf")

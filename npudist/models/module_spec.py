@@ -65,5 +65,10 @@ def module_layout(cfg):
     return layout_from_module(model)
 
 
+def module_variant(cfg) -> str:
+    return cfg.module
+
+
 MODULE_SPEC = ModelSpec(name="module", build=build_module, layout=module_layout, check=check_module,
+                        variant=module_variant,
                         description="the user's own nn.Module from model.module (package.module:function)")

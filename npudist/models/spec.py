@@ -21,6 +21,9 @@ A ``ModelSpec`` (torchtitan's TrainSpec is the model) bundles
   (None: the ``npudist.models.moe`` layers);
 * ``describe_tp(tp_degree, seq_len) -> [line, ...]``: what the built-in tensor-parallel plan does beyond
   splitting weights, for ``npudist plan check`` (None: nothing to add);
+* ``variant(model_cfg) -> str``: which model of the spec the plan's ``model`` section selects, when the
+  spec's name does not say it (``hf_causal_lm``: the transformers model type; ``module``: the entry point),
+  for ``npudist plan check`` (None: the name says it all);
 * ``config_cls``: the dataclass of the plan's ``model`` section for this spec (None: ``ModelConfig``); a
   spec with fields of its own (``moe``: n_experts, top_k, ...) subclasses ``ModelConfig``.
 
@@ -99,6 +102,7 @@ class ModelSpec:
     expert_parallel: Callable | None = None
     config_cls: type | None = None
     describe_tp: Callable | None = None
+    variant: Callable | None = None
     description: str = ""
 
 

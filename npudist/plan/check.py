@@ -47,13 +47,16 @@ def count_params(model_cfg) -> int:
 
 
 def _describe_model(m, n: int) -> str:
+    """One line on the model; which variant of a spec the plan selects comes from the spec (so adding a
+    spec needs no edit here)."""
     layout = model_layout(m)
     if layout.dims is None:
         shape = f"{len(layout.modules)} modules"
     else:
         shape = (f"dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads ({m.kv_heads} kv), ffn {m.ffn_hidden_dim}, "
                  f"vocab {m.vocab_size}{', tied embeddings' if layout.tied else ''}")
-    what = {"hf_causal_lm": f" ({m.hf_model_type})", "module": f" ({m.module})"}.get(m.name, "")
+    spec = get_model_spec(m.name)
+    what = f" ({spec.variant(m)})" if spec.variant is not None else ""
     return f"model     {m.name}{what}: {shape} -> {n:,} parameters ({format_bytes(4 * n)} fp32)"
 
 

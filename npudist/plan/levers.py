@@ -10,7 +10,7 @@ from npudist.models import model_layout
 
 from .estimate import estimate_rank
 from .schema import ParallelDegrees, Plan
-from .swap_rules import checkpointed_blocks, resolve_swap_blocks
+from .swap_rules import checkpointed_blocks, every_block_pattern, resolve_swap_blocks
 
 
 @dataclass
@@ -25,10 +25,10 @@ def _blocks(plan: Plan) -> list[str]:
 
 
 def _every_block(blocks: list[str]) -> str:
-    """A pattern naming every block ("['layers.*']"), or the index list when the names share no parent."""
-    parents = {b.rsplit(".", 1)[0] if "." in b else "" for b in blocks}
-    parent = parents.pop() if len(parents) == 1 else None
-    return f"['{parent}.*']" if parent else str(list(range(len(blocks))))
+    """The setting naming every block: a pattern over the model's block paths, or the index list when the
+    names share no parent."""
+    pattern = every_block_pattern(blocks)
+    return f"['{pattern}']" if pattern else str(list(range(len(blocks))))
 
 
 def _with(plan: Plan, change) -> Plan:

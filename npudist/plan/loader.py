@@ -21,9 +21,9 @@ from .validate import resolve_plan, validate_plan
 
 
 def model_config_class(data: dict) -> type:
-    """The dataclass of the ``model`` section: the config class of the model spec it names (its own fields,
-    e.g. ``n_experts`` for ``moe``), ``ModelConfig`` for the others and for an unknown name (reported by
-    validation)."""
+    """The dataclass of the ``model`` section: the config class of the model spec it names
+    (``ModelSpec.config_cls``, for a spec with fields of its own), ``ModelConfig`` for the others and for an
+    unknown name (reported by validation)."""
     section = data.get("model")
     name = section.get("name", ModelConfig.name) if isinstance(section, dict) else ModelConfig.name
     try:

@@ -98,7 +98,7 @@ class FSDPConfig:
     reduce_dtype: DType = "float32"        # dtype of gradient reduce-scatter
     cpu_offload: bool = False
     # Module-name patterns (see npudist.plan.patterns) wrapped as separate FSDP units, in addition to the
-    # root which is always wrapped last. None = the model spec's units (the blocks of the built-in models).
+    # root which is always wrapped last. None = the model spec's units (ModelSpec.fsdp_units).
     wrap: Optional[list[str]] = None
 
 
@@ -166,8 +166,9 @@ class CPConfig:
 class ActivationSwapConfig:
     """Activation swap: the tensors the chosen blocks save for backward go to pinned host memory on a side
     stream during forward and are prefetched back, one block ahead, during backward (``npudist.swap``)."""
-    # Blocks of the model spec, as indices (0 = first), block names ("layers.3") or module-name patterns
-    # ("layers.*" = every block). Empty = no activation swap. A block cannot also be checkpointed.
+    # Blocks of the model spec, as indices (0 = first), block names as the spec's layout lists them
+    # (ModelLayout.blocks) or module-name patterns over those names ("<parent>.*" = every block). Empty = no
+    # activation swap. A block cannot also be checkpointed.
     blocks: list[Union[int, str]] = field(default_factory=list)
 
 

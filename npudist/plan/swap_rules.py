@@ -5,6 +5,14 @@ from __future__ import annotations
 from .patterns import check_pattern, matches
 
 
+def every_block_pattern(blocks) -> str | None:
+    """The pattern naming every block (``<parent>.*``) when the blocks share one parent module, else None:
+    hints and suggested settings are written in the model's own block paths, which only its spec knows."""
+    parents = {b.rsplit(".", 1)[0] if "." in b else "" for b in blocks}
+    parent = parents.pop() if len(parents) == 1 else None
+    return f"{parent}.*" if parent else None
+
+
 def resolve_swap_blocks(entries, blocks) -> tuple[set[int], list[str]]:
     """Indices named by ``memory.swap.activations.blocks`` entries (an index, a block name or a module-name
     pattern), and one problem line per entry that names no block."""
@@ -27,8 +35,11 @@ def resolve_swap_blocks(entries, blocks) -> tuple[set[int], list[str]]:
         hits = {j for j, name in enumerate(blocks) if matches(entry, name)}
         if not hits:
             sample = ", ".join(blocks[:3]) + (", ..." if n > 3 else "")
+            every = every_block_pattern(blocks)
+            forms = (f"a block name or a pattern such as '{every}'" if every else
+                     "a block name or a pattern over the block names")
             problems.append(f"{key}: {entry!r} matches none of the model's blocks ({sample or 'none'}); give "
-                            "a block index, a block name or a pattern such as 'layers.*'")
+                            f"a block index, {forms}")
         chosen |= hits
     return chosen, problems
 

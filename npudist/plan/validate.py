@@ -136,7 +136,7 @@ def _check_degrees(c: _Checks, p: Plan, world_size: int | None):
 
 
 def _generic(name: str) -> str:
-    """"layers.3.attention" -> "layers.*.attention": block indices become wildcards for hints."""
+    """"<blocks>.3.<sub>" -> "<blocks>.*.<sub>": block indices become wildcards for hints."""
     return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", name)
 
 
@@ -186,7 +186,7 @@ def _check_async_tp(c: _Checks, p: Plan, tp: int) -> None:
 
 
 def split_indices(points, blocks) -> list[int] | None:
-    """Split points as block indices: ints stay, "N" and block names ("layers.N") become indices.
+    """Split points as block indices: ints stay, "N" and block names (the layout's ``blocks``) become indices.
     None if some point is neither."""
     out = []
     for point in points:
