@@ -20,6 +20,7 @@ from npudist.ops import optim as _optim
 from npudist.ops import sharding as _sharding
 from npudist.device.memory import erase_stream  # noqa: F401 (torch_npu's API)
 from npudist.device.swapped_memory import empty_with_swapped_memory  # noqa: F401 (torch_npu's API)
+from npudist.formats.hifloat8_tensor import HiFloat8Tensor  # noqa: F401 (torch_npu's API)
 from torch_npu._C import _distributed_c10d as _c10d  # noqa: F401 (torch_npu._C._distributed_c10d.ProcessGroupHCCL)
 from torch_npu._checksum import matmul_checksum  # noqa: F401 (torch_npu's API)
 
