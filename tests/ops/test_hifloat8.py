@@ -111,6 +111,9 @@ def test_random_values_round_to_nearest_ties_away(device):
     x = (mag * torch.where(torch.rand(200_000, generator=g) < 0.5, -1.0, 1.0)).float()
     got = hif8.to_hifloat8(x.to(device)).cpu().numpy()
     np.testing.assert_array_equal(got, _nearest_reference(x.numpy()))
+    xb = x.bfloat16()                                      # read through its int16 bits
+    np.testing.assert_array_equal(hif8.to_hifloat8(xb.to(device)).cpu().numpy(),
+                                  _nearest_reference(xb.float().numpy()))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -138,6 +141,8 @@ def test_overflow_specials_and_underflow(device):
             tiny, -tiny, float(np.nextafter(np.float32(tiny), np.float32(0))), 1e-40]
     assert enc(vals) == [0x6E, 0x6E, 0x6F, 0x6F, 0x6F, 0xEF, 0x6F, 0xEF, 0x80, 0x00, 0x00, 0x01, 0x81, 0x00, 0x00]
     assert enc(vals, saturate=True)[:8] == [0x6E, 0x6E, 0x6E, 0x6E, 0x6E, 0xEE, 0x6F, 0xEF]
+    nan_payloads = torch.tensor([0x7F800001, 0x7FC00000, -1], dtype=torch.int32).view(torch.float32)
+    assert hif8.to_hifloat8(nan_payloads.to(device)).cpu().tolist() == [0x80] * 3   # NaN's low bits decide
     h = enc([1.0, 1.0625, 1.0625000001, 1.1875, -1.0625, 24.0, 20.0, 22.0])
     assert h == [0x08, 0x09, 0x09, 0x0A, 0x89, 0x42, 0x41, 0x42]     # ties (1.0625, 1.1875, 22) go away from 0
 
