@@ -1,5 +1,5 @@
-// Collective algorithms over the step machinery (comm.h). Small reductions are one-shot (every rank copies
-// its input into its slot, one sync, every rank reduces all slots); large ones are pipelined
+// Collective algorithms over the step machinery (shm_engine_impl.h). Small reductions are one-shot (every
+// rank copies its input into its slot, one sync, every rank reduces all slots); large ones are pipelined
 // reduce-scatter + all-gather in cache-sized chunks so every rank's core reduces its own segment.
 #include <algorithm>
 #include <cstring>

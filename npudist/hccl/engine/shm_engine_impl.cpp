@@ -1,4 +1,4 @@
-// ShmEngine construction, the step machinery, failure handling and abort (see comm.h).
+// ShmEngine construction, the step machinery, failure handling and abort (see shm_engine_impl.h).
 #include "shm_engine_impl.h"
 
 #include <cstdlib>

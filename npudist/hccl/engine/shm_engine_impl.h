@@ -47,7 +47,7 @@ class ShmEngineImpl final : public ShmEngine {
   uint64_t zero_copy_ops() const override { return zc_ops_; }
 
  private:
-  // --- step machinery (comm.cpp) ---
+  // --- step machinery (shm_engine_impl.cpp) ---
   OpDesc make_desc(OpKind kind, const CollectiveInfo& info, uint64_t count, int root) const;
   // Starts a collective: fails fast if broken/aborted, publishes `d` for the next step.
   void begin(const OpDesc& d, const size_t* a2a_send = nullptr, const size_t* a2a_recv = nullptr,

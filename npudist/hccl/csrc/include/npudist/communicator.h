@@ -13,7 +13,7 @@
 // finishes integer AVG itself. Collectives must be issued in the same order on every rank; `info.seq`
 // counts them. p2p calls are independent per (peer, direction) and thread-safe across them.
 //
-// Ordering: every call names the stream it is ordered on. Today's implementations are blocking: the call
+// Ordering: every call names the stream it is ordered on. The implementations here are blocking: the call
 // runs on the calling thread after the process group has made the work queued before it on `stream`
 // visible, and returns when the op is complete (the group's fence on that stream completes with the op).
 // An asynchronous implementation enqueues on `stream` and returns; completion is then observed on the
