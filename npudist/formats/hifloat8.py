@@ -19,9 +19,8 @@ Every one of the 256 codes encodes a distinct value, so decode then encode retur
 Float to HiF8 rounds to the nearest HiF8 value, ties away from zero (the paper's "TA" rounding; Ascend C's
 CAST_ROUND for hifloat8). The inf pattern sits on the grid where 1.5 * 2^15 would, so a magnitude that rounds
 to it, 1.25 * 2^15 = 40960 (the midpoint to 2^15) and above, becomes +-inf, or +-2^15 with ``saturate=True``;
-+-inf stays +-inf and NaN becomes NaN. Below the smallest
-denormal, 2^-23 (the midpoint to zero) rounds away to 2^-22 and anything smaller becomes the one zero, whatever
-its sign.
++-inf stays +-inf and NaN becomes NaN. Below the smallest denormal, 2^-23 (the midpoint to zero) rounds away to
+2^-22 and anything smaller becomes the one zero, whatever its sign.
 """
 from __future__ import annotations
 
@@ -52,7 +51,7 @@ def _exponent_tables() -> tuple[list[int], list[int]]:
     base, width = [], []
     for e in range(MIN_EXPONENT - 1, MAX_EXPONENT + 1):
         if e == MIN_EXPONENT - 1:
-            base.append(ZERO_CODE)  # 2^-23: the encoder rounds it to zero or 2^-22 without this entry
+            base.append(ZERO_CODE)  # [2^-23, 2^-22) all rounds to 2^-22: the encoder sets it, not this entry
             width.append(0)
             continue
         if e < -15:             # denormal: dot 0000, the 3-bit field holds e + 23

@@ -248,6 +248,13 @@ def test_matmul_of_hifloat8_tensors_is_matmul_of_decoded_values(device):
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-6, atol=1e-5)
     assert torch.equal((a @ b).cpu(), (a.float() @ b.float()).cpu())
     assert torch.equal(torch.nn.functional.linear(a, b.transpose(0, 1)).cpu(), (a.float() @ b.float()).cpu())
+    # a HiFloat8Tensor leaf (a weight) gets the gradient of the matmul on its decoded values
+    a.requires_grad_()
+    w = torch.randn(32, 4, generator=g).npu().requires_grad_()           # the codes live on the npu
+    g_out = torch.randn(16, 4, generator=g).npu()
+    (torch.matmul(a, w) * g_out).sum().backward()
+    assert torch.equal(a.grad, g_out @ w.detach().t())
+    assert torch.equal(w.grad.cpu(), (a.float().detach().t() @ g_out).cpu())
 
 
 def test_in_place_operators_and_copies_encode_back():
