@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-.venv/bin/python -m pytest -n 2 --dist loadgroup "$@" tests
+.venv/bin/python -m pytest -n 2 --dist loadgroup --durations=30 "$@" tests  # the slowest tests, for the 30-minute budget
 BLOCKING_SUBSET=(
   tests/device/test_async_launch.py
   tests/device/test_repeated_calls.py

@@ -52,6 +52,8 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
             # Tests catch DistBackendError in Python unless they ask for teardown.
             "TORCH_HCCL_ASYNC_ERROR_HANDLING": "0",
             "NPUDIST_JOB_ID": job_id,
+            # A rank that dies of a signal (an abort at exit among them) prints every Python thread's stack.
+            "PYTHONFAULTHANDLER": "1",
         })
         e.update(env or {})
         e.update((rank_env or {}).get(rank, {}))
