@@ -1,18 +1,14 @@
-// NPUGraph: capture registry, recorded tasks, replay (graph_capture.h, docs/graphs.md).
-#include "graph_capture.h"
+// NPUGraph: the capture registry, capture / replay / reset of a Graph, and the op and copy hooks
+// (graph_capture.h, graph_internal.h, docs/graphs.md).
+#include "graph_internal.h"
 #include "launch.h"
 
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/record_function.h>
 #include <torch/extension.h>
 
 #include <fstream>
-#include <mutex>
 #include <sstream>
-#include <thread>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "npu_tensor.h"
@@ -20,203 +16,16 @@
 namespace npudist::graph {
 
 std::atomic<int> g_active_captures{0};
+std::atomic<uint64_t> g_next_pool{1};
 
 namespace {
 
-// CANN's code for an operation the capture mode does not support: every refusal of a capture carries it, the code
-// Ascend users search for.
-constexpr const char* kNotSupported = " (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, error code 107030)";
-
-enum class Mode { kGlobal, kThreadLocal, kRelaxed };
-
-Mode parse_mode(const std::string& m) {
-  if (m == "global") return Mode::kGlobal;
-  if (m == "thread_local") return Mode::kThreadLocal;
-  if (m == "relaxed") return Mode::kRelaxed;
-  TORCH_CHECK_VALUE(false, "capture_error_mode must be 'global', 'thread_local' or 'relaxed', got '", m, "'");
-}
-
-const char* mode_name(Mode m) {
-  return m == Mode::kGlobal ? "global" : m == Mode::kThreadLocal ? "thread_local" : "relaxed";
-}
-
-std::string describe_tensor(const at::Tensor& t) {
-  std::ostringstream os;
-  os << "Tensor" << t.sizes() << " " << t.scalar_type() << " @" << t.storage().data_ptr().get();
-  if (t.storage_offset()) os << "+" << t.storage_offset();
-  return os.str();
-}
-
-std::string describe_value(const c10::IValue& v) {
-  if (v.isTensor()) return v.toTensor().defined() ? describe_tensor(v.toTensor()) : "None";
-  if (v.isTensorList()) {
-    std::string s = "[";
-    for (const at::Tensor& t : v.toTensorList()) s += (s.size() > 1 ? ", " : "") + describe_tensor(t);
-    return s + "]";
-  }
-  if (v.isGenerator()) return "<generator>";
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-// ------------------------------------------------------------------------------------------------
-// Recorded tasks
-// ------------------------------------------------------------------------------------------------
-struct RecordedTask {
-  virtual ~RecordedTask() = default;
-  // Runs the recorded kernel. `forked`: the random stream reserve_random() set aside for it at launch, or null
-  // to take it from the npu generator now.
-  virtual void run(const at::Generator* forked) = 0;
-  // A random op reserves its random stream (and advances the npu generator) when the replay is launched, so
-  // random ops take their numbers in launch order, as eager asynchronous ops do; others return nothing.
-  virtual std::optional<at::Generator> reserve_random() { return std::nullopt; }
-  virtual std::string describe() const = 0;
-};
-
-// A fresh (functional) result of a recorded op: replay copies the kernel's new result into it.
-struct StaticOutput {
-  size_t ret;
-  int64_t list_index;  // -1 for a Tensor return, else the element of a Tensor[] return
-  at::Tensor alias;    // CPU alias of the npu output captured
-};
-
-struct OpTask final : RecordedTask {
-  c10::OperatorHandle op;
-  std::vector<c10::IValue> args;  // CPU aliases of the npu arguments, other arguments as given
-  size_t nret = 0;
-  int64_t generator_slot = -1;
-  at::Generator generator;  // npu generator advanced like eager (generator_slot >= 0)
-  uint64_t random_numel = 0;
-  std::vector<StaticOutput> outputs;
-
-  explicit OpTask(const c10::OperatorHandle& h) : op(h) {}
-
-  void run(const at::Generator* forked) override {
-    torch::jit::Stack stack(args.begin(), args.end());
-    std::unique_lock<std::mutex> gen_lock;
-    c10::GeneratorImpl* gen = generator_slot >= 0 && !forked ? generator.unsafeGetGeneratorImpl() : nullptr;
-    if (forked) stack[generator_slot] = c10::IValue(*forked);
-    if (gen) {
-      gen_lock = std::unique_lock<std::mutex>(npu_generator_mutex(gen));
-      stack[generator_slot] = c10::IValue(begin_random_op(gen));
-    }
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    if (gen) end_random_op(gen, random_numel);
-    const size_t base = stack.size() - nret;
-    for (StaticOutput& o : outputs) {
-      const c10::IValue& v = stack[base + o.ret];
-      at::Tensor fresh = o.list_index < 0 ? v.toTensor() : v.toTensorList().get(o.list_index);
-      TORCH_CHECK(fresh.sizes() == o.alias.sizes(), "NPUGraph replay: ", op.schema().operator_name(),
-                  " returned shape ", fresh.sizes(), " but ", o.alias.sizes(), " was captured");
-      o.alias.copy_(fresh);
-    }
-  }
-
-  std::optional<at::Generator> reserve_random() override {
-    if (generator_slot < 0) return std::nullopt;
-    c10::GeneratorImpl* gen = generator.unsafeGetGeneratorImpl();
-    std::lock_guard<std::mutex> lk(npu_generator_mutex(gen));
-    at::Generator fork = fork_random_op(gen);
-    end_random_op(gen, random_numel);
-    return fork;
-  }
-
-  std::string describe() const override {
-    std::ostringstream os;
-    os << op.schema().operator_name() << "(";
-    for (size_t i = 0; i < args.size(); ++i) {
-      os << (i ? ", " : "") << op.schema().arguments()[i].name() << "="
-         << (static_cast<int64_t>(i) == generator_slot ? std::string("<npu generator>") : describe_value(args[i]));
-    }
-    os << ")";
-    if (generator_slot >= 0) os << " advances the npu generator by " << random_numel << " elements";
-    for (const StaticOutput& o : outputs) {
-      os << "\n      -> return " << o.ret;
-      if (o.list_index >= 0) os << "[" << o.list_index << "]";
-      os << " copied into " << describe_tensor(o.alias);
-    }
-    if (outputs.empty()) os << "\n      -> writes through its arguments (in-place / out= / views)";
-    return os.str();
-  }
-};
-
-struct CopyTask final : RecordedTask {
-  at::Tensor src, dst;  // CPU aliases
-  bool non_blocking;
-  CopyTask(at::Tensor s, at::Tensor d, bool nb) : src(std::move(s)), dst(std::move(d)), non_blocking(nb) {}
-  void run(const at::Generator*) override { dst.copy_(src, non_blocking); }
-  std::string describe() const override {
-    return "copy " + describe_tensor(src) + " -> " + describe_tensor(dst);
-  }
-};
-
-// ------------------------------------------------------------------------------------------------
-// Graph
-// ------------------------------------------------------------------------------------------------
-std::atomic<uint64_t> g_next_pool{1};
-
 const c10::DispatchKeySet kPythonKeys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
-
-class Graph {
- public:
-  ~Graph();
-
-  void capture_begin(uint64_t pool, const std::string& mode);
-  void capture_end();
-  void replay();
-  static void run_tasks(const std::vector<std::shared_ptr<RecordedTask>>& tasks,
-                        const std::vector<std::optional<at::Generator>>& forks);
-  void reset();
-  uint64_t pool() const {
-    TORCH_CHECK(pool_ != 0, "NPUGraph.pool(): the graph has not been captured (call capture_begin first)");
-    return pool_;
-  }
-  void debug_dump(const std::string& path) const;
-  size_t num_tasks() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return tasks_.size();
-  }
-
-  // Called by the hooks while capturing (from any thread running ops on the capturing stream).
-  void add_task(std::unique_ptr<RecordedTask> task, const std::vector<c10::StorageImpl*>& storages);
-  // Marks the capture failed (capture_end raises `why`); fail() also raises it now.
-  void invalidate(const std::string& why);
-  [[noreturn]] void fail(const std::string& why);
-
- private:
-  void end_capture_locked();
-  void check_storages_unchanged() const;  // caller holds mu_
-  void give_stream_back();                 // caller holds mu_
-
-  // From capture_begin until reset (or destruction) the graph holds one stream of its device's budget: the
-  // capture model's stream, as a captured aclmdlRI holds its streams until aclmdlRIDestroy.
-  bool holds_stream_ = false;
-
-  enum class State { kEmpty, kCapturing, kCaptured };
-  mutable std::mutex mu_;
-  State state_ = State::kEmpty;
-  int device_ = -1;
-  int64_t stream_ = 0;
-  uint64_t pool_ = 0;
-  std::string invalid_;
-  std::vector<std::shared_ptr<RecordedTask>> tasks_;  // shared with queued replays (a reset may come before they ran)
-  // The graph's private pool: every storage a task touches, kept alive, with its address at capture.
-  std::unordered_map<c10::StorageImpl*, std::pair<c10::intrusive_ptr<c10::StorageImpl>, const void*>> storages_;
-};
-
-// The captures in progress: which (device, stream) records into which graph.
-struct ActiveCapture {
-  Graph* graph;
-  int device;
-  int64_t stream;
-  std::thread::id thread;
-  Mode mode;
-};
 std::mutex g_registry_mu;
 std::vector<ActiveCapture> g_registry;
 
-// The graph capturing the calling thread's current stream on `device`, if any.
+}  // namespace
+
 Graph* capturing_graph(int device) {
   if (!any_capture_active()) return nullptr;
   int64_t stream = rt::api().get_stream(device);
@@ -232,7 +41,7 @@ Graph* capturing_graph(int device) {
 // npu pointers). While a capture is active, a RecordFunction observer spots them on a capturing stream and
 // invalidates that capture, so capture_end raises instead of a replay silently skipping them. Observers
 // cannot raise into the op (RecordFunction swallows their exceptions), hence the deferred error.
-std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
+static std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
   std::optional<c10::OperatorName> name = fn.operator_name();
   if (!name) return nullptr;
   const std::string& n = name->name;
@@ -251,15 +60,33 @@ std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
                              ", so a replay could not re-run it. Run it outside the captured region."));
   return nullptr;
 }
-std::optional<at::CallbackHandle> g_watch_handle;  // guarded by g_registry_mu
+static std::optional<at::CallbackHandle> g_watch_handle;  // guarded by g_registry_mu
 
-void register_capture(ActiveCapture capture) {  // caller holds g_registry_mu
+static void register_locked(ActiveCapture capture) {  // caller holds g_registry_mu
   g_registry.push_back(capture);
   g_active_captures.fetch_add(1);
   launch::hold_synchronous(1);
   if (!g_watch_handle) {
     g_watch_handle = at::addGlobalCallback(at::RecordFunctionCallback(&watch_op).scopes({at::RecordScope::FUNCTION}));
   }
+}
+
+void register_capture(ActiveCapture capture) {
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  for (const ActiveCapture& a : g_registry) {
+    TORCH_CHECK(!(a.device == capture.device && a.stream == capture.stream), "stream ", capture.stream, " of npu:",
+                capture.device, " is already capturing or updating a graph (ACL_ERROR_RT_STREAM_CAPTURED, error "
+                "code 107027): end that capture or update first, or use another stream");
+  }
+  register_locked(capture);
+}
+
+Graph* graph_on_stream(int device, int64_t stream) {
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  for (const ActiveCapture& a : g_registry) {
+    if (a.device == device && a.stream == stream) return a.graph;
+  }
+  return nullptr;
 }
 
 void unregister(Graph* graph) {
@@ -314,8 +141,12 @@ void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
       TORCH_CHECK(false, "NPUGraph.capture_begin: ", rt::api().last_error());
     }
     holds_stream_ = true;
-    register_capture(ActiveCapture{this, device, stream, std::this_thread::get_id(), mode});
+    register_locked(ActiveCapture{this, device, stream, std::this_thread::get_id(), mode});
   }
+  static std::atomic<uint64_t> next_capture_id{1};
+  capture_id_ = next_capture_id.fetch_add(1);
+  groups_.clear();
+  open_group_.reset();
   state_ = State::kCapturing;
   device_ = device;
   stream_ = stream;
@@ -329,6 +160,11 @@ void Graph::capture_end() {
   TORCH_CHECK(state_ == State::kCapturing, "NPUGraph.capture_end: the graph is not capturing "
               "(ACL_ERROR_RT_STREAM_NOT_CAPTURED, error code 107029)");
   state_ = State::kCaptured;
+  if (open_group_ && invalid_.empty()) {
+    invalid_ = "graph_task_group_begin was called without its graph_task_group_end: end the task group on the "
+               "capturing stream before capture_end";
+  }
+  open_group_.reset();
   if (invalid_.empty()) {
     try {
       check_storages_unchanged();
@@ -340,6 +176,8 @@ void Graph::capture_end() {
     std::string why = invalid_;
     tasks_.clear();
     storages_.clear();
+    groups_.clear();
+    capture_id_ = 0;
     state_ = State::kEmpty;
     give_stream_back();
     TORCH_CHECK(false, "NPUGraph capture failed and was discarded (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, error "
@@ -379,7 +217,16 @@ void Graph::replay() {
   std::vector<std::optional<at::Generator>> forks;
   forks.reserve(tasks_.size());
   for (const auto& t : tasks_) forks.push_back(t->reserve_random());
-  launch::enqueue(device_, "NPUGraph.replay", [tasks = tasks_, forks = std::move(forks)]() { run_tasks(tasks, forks); });
+  launch::enqueue(device_, "NPUGraph.replay", [tasks = tasks_, forks = std::move(forks)]() {
+    t_in_queued_replay = true;
+    try {
+      run_tasks(tasks, forks);
+    } catch (...) {
+      t_in_queued_replay = false;
+      throw;
+    }
+    t_in_queued_replay = false;
+  });
 }
 
 void Graph::run_tasks(const std::vector<std::shared_ptr<RecordedTask>>& tasks,
@@ -411,6 +258,10 @@ void Graph::reset() {
   }
   tasks_.clear();
   storages_.clear();
+  groups_.clear();
+  open_group_.reset();
+  update_.reset();  // an update in progress ends with the graph (its registry entry went above)
+  capture_id_ = 0;  // handles of this capture are refused from now on
   state_ = State::kEmpty;
   invalid_.clear();
   give_stream_back();
@@ -429,15 +280,22 @@ void Graph::debug_dump(const std::string& path) const {
 
 void Graph::add_task(std::unique_ptr<RecordedTask> task, const std::vector<c10::StorageImpl*>& storages) {
   std::lock_guard<std::mutex> g(mu_);
-  if (state_ != State::kCapturing || !invalid_.empty()) return;
-  for (c10::StorageImpl* si : storages) {
-    storages_.try_emplace(si, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si), si->data_ptr().get());
+  for (c10::StorageImpl* si : storages) task->storages.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si));
+  if (update_) {  // re-issued on the update stream: replaces the group's tasks at graph_task_update_end
+    if (update_->invalid.empty()) update_->tasks.push_back(std::move(task));
+    return;
   }
+  if (state_ != State::kCapturing || !invalid_.empty()) return;
+  for (const auto& si : task->storages) storages_.try_emplace(si.get(), si, si->data_ptr().get());
   tasks_.push_back(std::move(task));
 }
 
 void Graph::invalidate(const std::string& why) {
   std::lock_guard<std::mutex> g(mu_);
+  if (update_) {
+    if (update_->invalid.empty()) update_->invalid = why;
+    return;
+  }
   if (state_ == State::kCapturing && invalid_.empty()) invalid_ = why;
 }
 
@@ -446,9 +304,7 @@ void Graph::fail(const std::string& why) {
   TORCH_CHECK(false, why);
 }
 
-c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
-
-bool returns_only_tensors(const c10::FunctionSchema& schema) {
+static bool returns_only_tensors(const c10::FunctionSchema& schema) {
   for (const c10::Argument& r : schema.returns()) {
     const c10::TypePtr& t = r.type();
     bool ok = t->kind() == c10::TypeKind::TensorType ||
@@ -462,7 +318,7 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
 // Indexing ops carry the dynamic_output_shape tag because a boolean mask makes the result's shape depend on
 // the mask's values. index_put keeps self's shape whatever the indices, and index with integer indices has a
 // shape fixed by the indices' shapes: both replay correctly.
-bool has_static_shape_here(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack, size_t nargs) {
+static bool has_static_shape_here(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack, size_t nargs) {
   const std::string& n = op.schema().operator_name().name;
   if (n == "aten::index_put" || n == "aten::index_put_" || n == "aten::_index_put_impl_") return true;
   if (n != "aten::index") return false;
@@ -476,8 +332,6 @@ bool has_static_shape_here(const c10::OperatorHandle& op, const std::vector<c10:
   }
   return true;
 }
-
-}  // namespace
 
 // ------------------------------------------------------------------------------------------------
 // Hooks
@@ -581,75 +435,6 @@ void on_copy(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (!graph) return;
   graph->add_task(std::make_unique<CopyTask>(cpu_alias(src), cpu_alias(dst), non_blocking),
                   {storage_of(src), storage_of(dst)});
-}
-
-// ------------------------------------------------------------------------------------------------
-// Static input / output traffic of torch.compile's npugraphs backend, in one call each (no Python dispatch
-// per tensor): new inputs copied into the static inputs, static outputs copied out into fresh tensors.
-// ------------------------------------------------------------------------------------------------
-namespace {
-
-void copy_into_static(const std::vector<at::Tensor>& statics, const std::vector<at::Tensor>& news) {
-  TORCH_CHECK_VALUE(statics.size() == news.size(), "copy_into_static: ", statics.size(), " static inputs but ",
-                    news.size(), " new inputs");
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  // The copies below read and write npu bytes on this thread: queued work producing the inputs runs first.
-  for (const at::Tensor& t : news) {
-    if (t.defined() && t.device().type() == kNpu) launch::drain(t.device().index());
-  }
-  for (size_t i = 0; i < statics.size(); ++i) {
-    const at::Tensor& dst = statics[i];
-    const at::Tensor& src = news[i];
-    if (dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides()) continue;
-    TORCH_CHECK_VALUE(dst.sizes() == src.sizes(), "copy_into_static: input ", i, " has shape ", src.sizes(),
-                      ", the graph was captured with ", dst.sizes());
-    if (dst.device().type() == kNpu && src.device().type() == kNpu) cpu_alias(dst).copy_(cpu_alias(src));
-    else dst.copy_(src);
-  }
-}
-
-std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outputs) {
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  for (const at::Tensor& t : outputs) {
-    if (t.defined() && t.device().type() == kNpu) launch::drain(t.device().index());
-  }
-  std::vector<at::Tensor> fresh;
-  fresh.reserve(outputs.size());
-  for (const at::Tensor& o : outputs) {
-    if (!o.defined() || o.device().type() != kNpu) {
-      fresh.push_back(o.defined() ? o.clone() : o);
-      continue;
-    }
-    at::Tensor f = o.is_non_overlapping_and_dense() ? at::empty_strided(o.sizes(), o.strides(), o.options())
-                                                    : at::empty(o.sizes(), o.options());
-    cpu_alias(f).copy_(cpu_alias(o));
-    fresh.push_back(std::move(f));
-  }
-  return fresh;
-}
-
-}  // namespace
-
-// ------------------------------------------------------------------------------------------------
-// Python
-// ------------------------------------------------------------------------------------------------
-void init_bindings(pybind11::module_& m) {
-  namespace py = pybind11;
-  auto nogil = py::call_guard<py::gil_scoped_release>();
-  py::class_<Graph, std::shared_ptr<Graph>>(m, "_NPUGraph")
-      .def(py::init<>())
-      .def("capture_begin", &Graph::capture_begin, py::arg("pool") = 0, py::arg("capture_error_mode") = "global")
-      .def("capture_end", &Graph::capture_end)
-      .def("replay", &Graph::replay, nogil)
-      .def("reset", &Graph::reset, nogil)
-      .def("pool", &Graph::pool)
-      .def("debug_dump", &Graph::debug_dump)
-      .def("num_tasks", &Graph::num_tasks);
-  m.def("_graph_copy_into_static", &copy_into_static, nogil,
-        "Copy each new input into its static input unless it already is that tensor.");
-  m.def("_graph_copy_out", &copy_out, nogil, "Fresh tensors holding copies of the given (static) outputs.");
-  m.def("_graph_pool_handle", [] { return g_next_pool.fetch_add(1); });
-  m.def("_is_current_stream_capturing", [] { return capturing_graph(rt::current_device()) != nullptr; });
 }
 
 }  // namespace npudist::graph

@@ -51,6 +51,9 @@ from npudist.device.graphs import (
     is_current_stream_capturing,
     make_graphed_callables,
 )
+from npudist.device import graph_handlers, graph_task_update
+from npudist.device.graph_task_update import *  # noqa: F401,F403  (graph_task_update.__all__)
+from npudist.device.graph_handlers import *  # noqa: F401,F403  (graph_handlers.__all__)
 from npudist.device.amp import (
     get_amp_supported_dtype,
     is_bf16_supported,
@@ -83,7 +86,8 @@ __all__ = [
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")] + ["mstx"] + [
-    n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, sync_debug) for n in m.__all__]
+    n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, sync_debug, graph_task_update,
+                graph_handlers) for n in m.__all__]
 
 _registration.register(__name__)
 shallow_copy.register()

@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 
 from npudist import _C
 from npudist.device import core, streams
+from npudist.device.graph_handlers import _GraphDispatchMode
 
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 
@@ -48,6 +49,10 @@ class NPUGraph:
 
     def __init__(self):
         self._graph = _C._NPUGraph()
+        # torch.npu.graph(g, auto_dispatch_capture=True) sets it: handled operators' calls get task groups that
+        # update() re-issues with new arguments (graph_handlers.py).
+        self.auto_dispatch_capture = False
+        self.graph_dispatch_mode = _GraphDispatchMode()
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         """Begin capturing the current stream's npu work (it must not be the default stream)."""
@@ -77,6 +82,21 @@ class NPUGraph:
         """How many kernels and copies a replay runs."""
         return self._graph.num_tasks()
 
+    def num_task_groups(self) -> int:
+        """How many task groups (graph_task_group_begin / _end) the current capture has."""
+        return self._graph.num_task_groups()
+
+    def update(self, cpu_update_input) -> None:
+        """Re-issue the handled operator calls of an ``auto_dispatch_capture`` capture with new arguments.
+
+        ``cpu_update_input``: one dict per recorded call (or one for all), e.g. ``[{"actual_seq_lengths": [100]}]``;
+        the next replay waits for the update and runs the calls with these arguments (docs/graph_task_update.md).
+        """
+        if not self.auto_dispatch_capture:
+            raise RuntimeError("NPUGraph.update: this graph was not captured with auto_dispatch_capture=True; capture "
+                               "it under torch.npu.graph(g, auto_dispatch_capture=True) to update its operators")
+        self.graph_dispatch_mode.update_capture_record(cpu_update_input)
+
 
 class graph:
     """Context manager capturing npu work into ``npu_graph`` (``torch.cuda.graph``'s interface).
@@ -88,7 +108,7 @@ class graph:
     default_capture_stream: streams.Stream | None = None
 
     def __init__(self, npu_graph: NPUGraph, pool: Any = None, stream: torch.Stream | None = None,
-                 capture_error_mode: str = "global"):
+                 auto_dispatch_capture: bool = False, capture_error_mode: str = "global"):
         if not isinstance(npu_graph, NPUGraph):
             raise TypeError(f"torch.npu.graph expects a torch.npu.NPUGraph, got {type(npu_graph).__name__}")
         if stream is None:
@@ -101,6 +121,9 @@ class graph:
         self.capture_error_mode = _check_mode(capture_error_mode)
         self.capture_stream = stream
         self.stream_ctx = streams.stream(stream)
+        npu_graph.auto_dispatch_capture = bool(auto_dispatch_capture)
+        if npu_graph.auto_dispatch_capture:
+            npu_graph.graph_dispatch_mode = _GraphDispatchMode()  # this capture's records only
 
     def __enter__(self):
         core.synchronize()
@@ -111,8 +134,12 @@ class graph:
         except BaseException:
             self.stream_ctx.__exit__(None, None, None)
             raise
+        if self.npu_graph.auto_dispatch_capture:
+            self.npu_graph.graph_dispatch_mode.__enter__()
 
     def __exit__(self, exc_type, exc, tb):
+        if self.npu_graph.auto_dispatch_capture:
+            self.npu_graph.graph_dispatch_mode.__exit__(exc_type, exc, tb)
         try:
             if exc_type is None:
                 self.npu_graph.capture_end()
