@@ -17,7 +17,7 @@ GLUE = ["kernels.cpp", "fallback.cpp", "op_aliases.cpp", "op_schema.cpp", "op_si
         "npu_tensor.h", "npu_runtime.h", "profiler.h", "profiler_record.cpp", "profiler_kineto.cpp",
         "graph_capture.h", "graph_capture.cpp", "launch.h", "launch.cpp", "host_allocator.h", "host_allocator.cpp"]
 RUNTIME = ["runtime.cpp", "runtime_memory.cpp", "runtime_c_api.cpp", "runtime_usage.cpp", "runtime_comm_buffers.cpp",
-           "runtime_stream_budget.cpp",
+           "runtime_stream_budget.cpp", "terminate_report.cpp",
            "runtime_internal.h"]
 ALLOCATOR = sorted(os.path.join("allocator", n) for n in os.listdir(os.path.join(CORE, "allocator")))
 # Headers that other parts of device_core may include: the C ABI, the glue's helpers, the allocator's
