@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include <sstream>
+#include <unordered_set>
 
 #include "graph_internal.h"
 #include "npu_tensor.h"
@@ -71,6 +72,49 @@ bool touches(const RecordedTask& task, const void* data) {
   }
   if (auto* copy = dynamic_cast<const CopyTask*>(&task)) return same(copy->src) || same(copy->dst);
   return false;
+}
+
+template <typename F>
+void for_each_tensor(const RecordedTask& task, F&& f) {
+  if (auto* op = dynamic_cast<const OpTask*>(&task)) {
+    for (const c10::IValue& v : op->args) {
+      if (v.isTensor() && v.toTensor().defined()) f(v.toTensor());
+      if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isTensor() && e.toTensor().defined()) f(e.toTensor());
+        }
+      }
+    }
+    for (const StaticOutput& o : op->outputs) f(o.alias);
+  } else if (auto* copy = dynamic_cast<const CopyTask*>(&task)) {
+    f(copy->src);
+    f(copy->dst);
+  }
+}
+
+// The (captured, re-issued) tensor pairs at the positions the op writes (in-place / out= arguments, a copy's
+// destination). The tasks have the same op (checked before).
+std::vector<std::pair<at::Tensor, at::Tensor>> written_pairs(const RecordedTask& old_task, const RecordedTask& fresh) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  if (auto* copy = dynamic_cast<const CopyTask*>(&old_task)) {
+    pairs.emplace_back(copy->dst, static_cast<const CopyTask&>(fresh).dst);
+    return pairs;
+  }
+  auto* op = dynamic_cast<const OpTask*>(&old_task);
+  if (!op) return pairs;
+  auto& fop = static_cast<const OpTask&>(fresh);
+  const auto& schema = op->op.schema().arguments();
+  for (size_t j = 0; j < op->args.size() && j < fop.args.size() && j < schema.size(); ++j) {
+    const c10::AliasInfo* alias = schema[j].alias_info();
+    if (!alias || !alias->isWrite()) continue;
+    const c10::IValue &o = op->args[j], &f = fop.args[j];
+    if (o.isTensor() && f.isTensor() && o.toTensor().defined() && f.toTensor().defined()) {
+      pairs.emplace_back(o.toTensor(), f.toTensor());
+    } else if (o.isTensorList() && f.isTensorList() && o.toTensorList().size() == f.toTensorList().size()) {
+      for (size_t e = 0; e < o.toTensorList().size(); ++e) pairs.emplace_back(o.toTensorList().get(e), f.toTensorList().get(e));
+    }
+  }
+  return pairs;
 }
 
 const StaticOutput* find_output(const OpTask& task, size_t ret, int64_t list_index) {
@@ -163,7 +207,7 @@ void Graph::apply_update_locked() {
   // Results of the re-issued ops that keep their captured shape are redirected to the captured results, so the
   // group keeps writing where later tasks and the caller read.
   RedirectMap map;
-  std::vector<std::pair<const OpTask*, const StaticOutput*>> moved;  // captured results that change shape
+  std::vector<std::pair<std::string, at::Tensor>> changed;  // captured results whose shape the update changes
   for (size_t i = 0; i < n; ++i) {
     auto* old_op = dynamic_cast<OpTask*>(tasks_[grp.begin + i].get());
     auto* new_op = dynamic_cast<OpTask*>(fresh[i].get());
@@ -175,21 +219,40 @@ void Graph::apply_update_locked() {
                         f->alias.storage().nbytes() == o.alias.storage().nbytes() &&
                         f->alias.storage_offset() == o.alias.storage_offset();
       if (!same) {
-        moved.emplace_back(old_op, &o);
+        changed.emplace_back(old_op->name(), o.alias);
         continue;
       }
       map.emplace(f->alias.storage().data_ptr().get(),
                   Redirect{o.alias.storage(), npu_storage_of(*old_op, o.alias.storage().data_ptr().get())});
     }
   }
-  for (const auto& [op, out] : moved) {
-    const void* data = out->alias.storage().data_ptr().get();
+  // Buffers the group allocates and then writes through in-place / out= ops (a padded result: empty, fill_,
+  // copy_ into a slice) are the group's results too: a written argument whose buffer the update's tasks did not
+  // use before is paired with the captured task's argument at the same position.
+  std::unordered_set<const void*> seen;
+  for (size_t i = 0; i < n; ++i) {
+    const RecordedTask& old_task = *tasks_[grp.begin + i];
+    std::vector<std::pair<at::Tensor, at::Tensor>> written = written_pairs(old_task, *fresh[i]);
+    for (const auto& [o, f] : written) {
+      const void* fd = f.storage().data_ptr().get();
+      const void* od = o.storage().data_ptr().get();
+      if (fd == od || seen.count(fd) || map.count(fd)) continue;
+      if (f.storage().nbytes() == o.storage().nbytes() && f.scalar_type() == o.scalar_type()) {
+        map.emplace(fd, Redirect{o.storage(), npu_storage_of(old_task, od)});
+      } else {
+        changed.emplace_back(old_task.name(), o);
+      }
+    }
+    for_each_tensor(*fresh[i], [&](const at::Tensor& t) { seen.insert(t.storage().data_ptr().get()); });
+  }
+  for (const auto& [name, old] : changed) {
+    const void* data = old.storage().data_ptr().get();
     for (size_t j = 0; j < tasks_.size(); ++j) {
       if (j >= grp.begin && j < grp.end) continue;
-      TORCH_CHECK_VALUE(!touches(*tasks_[j], data), "graph_task_update_end: the update changes result ", out->ret,
-                        " of ", op->name(), " (captured as ", describe_tensor(out->alias), ") which task ", j,
-                        " outside the group reads; a group's results used after it must keep their shape, dtype "
-                        "and layout under the new arguments");
+      TORCH_CHECK_VALUE(!touches(*tasks_[j], data), "graph_task_update_end: the update changes a result of ", name,
+                        " (captured as ", describe_tensor(old), ") which task ", j, " outside the group reads; a "
+                        "group's results used after it must keep their shape, dtype and layout under the new "
+                        "arguments");
     }
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;

@@ -235,3 +235,31 @@ def test_auto_dispatch_capture_update_through_a_registered_handler():
         torch.npu.register_npu_graph_handler("mul.Tensor")(object)
     assert graph_handlers._NPU_GRAPH_OP_HANDLERS["npu_fused_infer_attention_score.default"].get_update_specs(
         "npu_fused_infer_attention_score.default")[0] == ("kwarg", "actual_seq_lengths", "actual_seq_lengths")
+
+
+def test_intermediates_may_change_shape_while_the_group_result_keeps_its_place():
+    # The shape of a valid-length attention: a slice of the valid length computed on, padded back to full length.
+    x = torch.arange(1.0, 9.0).npu()
+
+    def body(n):
+        return torch.nn.functional.pad(x[:n].mul(2).exp(), (0, 8 - n))
+
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        stream = torch.npu.current_stream()
+        torch.npu.graph_task_group_begin(stream)
+        out = body(3)
+        handle = torch.npu.graph_task_group_end(stream)
+        total = out.sum()
+    s = torch.npu.Stream()
+    for n in (6, 2, 5):  # (8 would pad nothing: the fill_ goes, a different task list, refused)
+        with torch.npu.stream(s):
+            torch.npu.graph_task_update_begin(s, handle)
+            body(n)
+            torch.npu.graph_task_update_end(s)
+        torch.npu.current_stream().wait_stream(s)
+        out.zero_()
+        g.replay()
+        expected = body(n)
+        assert torch.equal(out.cpu(), expected.cpu())
+        assert torch.equal(total.cpu(), expected.sum().cpu())
