@@ -355,6 +355,9 @@ struct OpRecording {
   std::unique_ptr<OpTask> task;
   std::vector<c10::StorageImpl*> storages;
   std::vector<const void*> addresses;  // of `storages` before the kernel ran
+  std::vector<size_t> nbytes;          // of `storages` before the kernel ran
+  // Recorded tensor arguments that alias an npu storage (the CPU alias's context is that storage): index, storage.
+  std::vector<std::pair<size_t, c10::StorageImpl*>> aliased_args;
 };
 
 void OpRecordingDeleter::operator()(OpRecording* r) const { delete r; }
@@ -387,7 +390,17 @@ OpRecordingPtr begin_op(const c10::OperatorHandle& op, int device, const torch::
   rec->task->generator_slot = generator_slot;
   if (generator) rec->task->generator = at::Generator(c10::intrusive_ptr<c10::GeneratorImpl>::reclaim_copy(generator));
   rec->storages = npu_storages;
-  for (c10::StorageImpl* si : npu_storages) rec->addresses.push_back(si->data_ptr().get());
+  for (c10::StorageImpl* si : npu_storages) {
+    rec->addresses.push_back(si->data_ptr().get());
+    rec->nbytes.push_back(si->nbytes());
+  }
+  const std::unordered_set<c10::StorageImpl*> npu_set(npu_storages.begin(), npu_storages.end());
+  for (size_t j = 0; j < rec->task->args.size(); ++j) {
+    const c10::IValue& v = rec->task->args[j];
+    if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().has_storage()) continue;
+    auto* si = static_cast<c10::StorageImpl*>(v.toTensor().storage().data_ptr().get_context());
+    if (npu_set.count(si)) rec->aliased_args.emplace_back(j, si);
+  }
   return rec;
 }
 
@@ -396,7 +409,21 @@ void end_op(OpRecordingPtr rec, const torch::jit::Stack& stack, size_t nret, uin
   const c10::OperatorName& name = task.op.schema().operator_name();
   std::unordered_set<const void*> argument_bytes;
   for (size_t i = 0; i < rec->storages.size(); ++i) {
-    if (rec->storages[i]->data_ptr().get() != rec->addresses[i]) {
+    c10::StorageImpl* si = rec->storages[i];
+    if (si->data_ptr().get() != rec->addresses[i] && rec->nbytes[i] == 0) {
+      // An empty out= argument the kernel sized (a composite op's `at::empty({0})` + `op.out`, e.g. abs): nothing
+      // read the old (empty) bytes, so the graph takes the new ones. The recorded argument is made an alias of
+      // them, at the geometry the kernel gave it, so a replay writes there instead of resizing again.
+      for (const auto& [j, arg_si] : rec->aliased_args) {
+        if (arg_si != si) continue;
+        const at::Tensor old = task.args[j].toTensor();
+        task.args[j] = at::empty({0}, old.options()).set_(cpu_storage_alias(si), old.storage_offset(), old.sizes(),
+                                                           old.strides());
+      }
+      argument_bytes.insert(si->data_ptr().get());
+      continue;
+    }
+    if (si->data_ptr().get() != rec->addresses[i]) {
       rec->graph->fail(c10::str("The operator '", name, "' resized its output during NPUGraph capture (new memory "
                                 "for an argument); a graph works on fixed addresses. Pass out= tensors of the "
                                 "right size, or let the op allocate its result."));
