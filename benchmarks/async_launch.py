@@ -1,15 +1,17 @@
 #!/usr/bin/env python
-"""Asynchronous launch: how long a loop of 30 chained 1024x1024 matmuls takes to *return*, relative to the
+"""Asynchronous launch: how long a loop of 30 steps on 1024x1024 fp32 takes to *return*, relative to the
 time until its results are ready (torch.npu.synchronize), with launch on (default) and with
-ASCEND_LAUNCH_BLOCKING=1.
+ASCEND_LAUNCH_BLOCKING=1. The steps (--loop): `y = y @ w` (chain), `y = y @ w / 1024` (div) and
+`y = torch.relu(y @ w)` (relu); by default all three.
 
-    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024]
+    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024] [--loop chain div relu]
     python benchmarks/async_launch.py --per-op [--rounds 7] [--ops 3000]
 
 Each mode runs in its own process (the variable is read once per process); both processes are driven in
-alternating rounds, so machine noise hits both alike. Reported per mode: median loop time, median time to
-synchronize, and their ratio. Target: async ratio < 0.30 (the loop returns long before the work is done);
-blocking ratio ~1.0.
+alternating rounds, so machine noise hits both alike. Reported per mode and loop: median loop time, median
+time to synchronize, their ratio, and the peak of torch.npu.max_memory_allocated over a loop. Targets: async
+ratio < 0.05 (the loop returns long before the work is done), blocking ratio ~1.0, results bitwise equal in
+both modes (a digest of the final y's bytes) and the async peak no higher than the blocking one.
 
 --per-op measures instead what one small op costs end to end (a loop of 3000 ops on 64x64 fp32, then a
 synchronize; per op): elementwise add and matmul, on npu in each launch mode and on cpu in the same worker
@@ -33,6 +35,7 @@ def _args(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--chain", type=int, default=30)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--loop", nargs="+", choices=sorted(LOOPS), default=["chain", "div", "relu"])
     ap.add_argument("--per-op", action="store_true", help="cost per small op (add, mm) instead of the matmul chain")
     ap.add_argument("--ops", type=int, default=3000, help="ops per timed loop (--per-op)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -40,6 +43,7 @@ def _args(argv=None):
 
 
 PER_OP = {"add": lambda a, b: a + b, "mm": lambda a, b: a @ b}
+LOOPS = {"chain": lambda y, w: y @ w, "div": lambda y, w: y @ w / 1024, "relu": lambda y, w: (y @ w).relu()}
 
 
 def per_op_worker(args) -> None:
@@ -73,18 +77,28 @@ def worker(args) -> None:
     if args.per_op:
         per_op_worker(args)
         return
-    a = torch.randn(args.size, args.size, device="npu") / args.size ** 0.5
-    b = a @ a  # warm-up (BLAS init, allocator)
+    import hashlib
+    torch.manual_seed(0)
+    w = torch.randn(args.size, args.size, device="npu") / args.size ** 0.5
+    for name in args.loop:  # warm-up: first runs of each signature, BLAS init, allocator
+        LOOPS[name](w, w)
     torch.npu.synchronize()
     for _ in sys.stdin:
-        t0 = time.perf_counter()
-        b = a
-        for _ in range(args.chain):
-            b = b @ a
-        t_loop = time.perf_counter() - t0
-        torch.npu.synchronize()
-        t_sync = time.perf_counter() - t0
-        print(json.dumps({"loop": t_loop, "sync": t_sync, "blocking": torch.npu.launch.is_blocking()}), flush=True)
+        out = {"blocking": torch.npu.launch.is_blocking()}
+        for name in args.loop:
+            step = LOOPS[name]
+            torch.npu.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            y = w
+            for _ in range(args.chain):
+                y = step(y, w)
+            t_loop = time.perf_counter() - t0
+            torch.npu.synchronize()
+            t_sync = time.perf_counter() - t0
+            digest = hashlib.sha1(y.cpu().numpy().tobytes()).hexdigest()
+            out[name] = {"loop": t_loop, "sync": t_sync, "peak": torch.npu.max_memory_allocated(), "digest": digest}
+            del y
+        print(json.dumps(out), flush=True)
 
 
 def main(argv=None) -> int:
@@ -93,7 +107,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size),
-           "--ops", str(args.ops)] + (["--per-op"] if args.per_op else [])
+           "--ops", str(args.ops), "--loop", *args.loop] + (["--per-op"] if args.per_op else [])
     sys.path.insert(0, HERE)
     from _alternate import alternate
     times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking))
@@ -101,18 +115,26 @@ def main(argv=None) -> int:
     if args.per_op:
         report_per_op(args, times)
         return 0
-    print(f"{args.chain} chained {args.size}x{args.size} matmuls on npu, {args.rounds} alternating rounds (medians); "
-          f"load average {os.getloadavg()[0]:.2f}")
-    ratios = {}
-    for mode, ts in times.items():
-        loop = statistics.median(t["loop"] for t in ts)
-        sync = statistics.median(t["sync"] for t in ts)
-        ratios[mode] = statistics.median(t["loop"] / t["sync"] for t in ts)
-        print(f"  {mode:<9} loop returns {loop * 1e3:8.1f} ms   results ready {sync * 1e3:8.1f} ms   "
-              f"loop/ready = {ratios[mode]:.3f}")
-    ok = ratios["async"] < 0.30 and ratios["blocking"] > 0.9
-    print(f"async loop/ready {ratios['async']:.3f} (target < 0.30), blocking {ratios['blocking']:.3f} (~1.0): "
-          f"{'PASS' if ok else 'FAIL'}")
+    print(f"loops of {args.chain} steps on {args.size}x{args.size} fp32 on npu, {args.rounds} alternating rounds "
+          f"(medians); load average {os.getloadavg()[0]:.2f}")
+    ok = True
+    for name in args.loop:
+        ratios, peaks, digests = {}, {}, {}
+        for mode, ts in times.items():
+            rs = [t[name] for t in ts]
+            loop = statistics.median(r["loop"] for r in rs)
+            sync = statistics.median(r["sync"] for r in rs)
+            ratios[mode] = statistics.median(r["loop"] / r["sync"] for r in rs)
+            peaks[mode] = max(r["peak"] for r in rs)
+            digests[mode] = {r["digest"] for r in rs}
+            print(f"  {name:<6} {mode:<9} loop returns {loop * 1e3:8.1f} ms   results ready {sync * 1e3:8.1f} ms   "
+                  f"loop/ready = {ratios[mode]:.3f}   peak {peaks[mode] / 2**20:6.1f} MiB")
+        equal = len(digests["async"] | digests["blocking"]) == 1
+        passed = ratios["async"] < 0.05 and ratios["blocking"] > 0.9 and equal and peaks["async"] <= peaks["blocking"]
+        print(f"  {name:<6} async loop/ready {ratios['async']:.3f} (target < 0.05), blocking {ratios['blocking']:.3f} "
+              f"(~1.0), results {'bitwise equal' if equal else 'DIFFER'}, peak async/blocking "
+              f"{peaks['async'] / peaks['blocking']:.2f} (target <= 1): {'PASS' if passed else 'FAIL'}")
+        ok &= passed
     return 0 if ok else 1
 
 

@@ -165,6 +165,9 @@ class Fallback {
     // Commit: allocate outputs, build the CPU call, hand the arguments to the queued kernel. Kernels that ran
     // give their arguments' memory back first, so the outputs can reuse it.
     launch::release_finished();
+    // The kernel sees its arguments and outputs through views that do not hold their blocks when the blocks are
+    // reused in this stream's order (queued_storage_alias): a tensor the host drops goes back to the pool now.
+    queued_stream_ = rt::api().get_stream(device_);
     std::vector<at::Tensor> outs;  // CPU aliases of the fresh outputs
     int64_t max_numel = max_numel_;
     {
@@ -174,7 +177,7 @@ class Fallback {
         const Inferred::Out& o = inf->outs[i];
         results[i] = at::detail::empty_strided_generic(o.sizes, o.strides, memory::allocator(),
                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), o.dtype);
-        outs.push_back(cpu_alias(results[i]));
+        outs.push_back(queued_cpu_alias(results[i], queued_stream_));
         max_numel = std::max<int64_t>(max_numel, results[i].numel());
       }
     }
@@ -201,18 +204,17 @@ class Fallback {
     // worker's own allocations (functional results) die on the worker (run_queued clears `call`).
     std::vector<c10::IValue> keep(call.begin(), call.end());
     if (out_op) call.reserve(call.size() + outs.size());  // the worker appends the outputs without reallocating
-    // The window's accounting (launch.h, LaunchCost); the first launches of a signature are timed on the
-    // worker to tell memory-bound from compute-bound kernels.
-    launch::LaunchCost cost{0, !kc.compute_bound(), -1};
+    // The first launches of a signature are timed on the worker (Inferred::KernelCost): how long a kernel that
+    // may run inline takes there is what an inline launch waits for (launch::idle_for_inline).
+    launch::LaunchCost cost;
     if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns())) {
       cost.inline_ns = kc.fastest_ns.load(std::memory_order_relaxed);  // what it takes on the worker
     }
-    for (const at::Tensor& o : outs) cost.bytes += static_cast<int64_t>(o.numel() * o.element_size());
     std::shared_ptr<Inferred::KernelCost> sampled;
     int64_t touched = 0;
     if (inf->kernel_cost->sampling()) {
       sampled = inf->kernel_cost;
-      touched = cost.bytes;
+      for (const at::Tensor& o : outs) touched += static_cast<int64_t>(o.numel() * o.element_size());
       for (const at::Tensor& t : npu_args) touched += static_cast<int64_t>(t.numel() * t.element_size());
     }
     launch::enqueue(device_, op_name(), [op = op_, out_op, call = std::move(call), keep = std::move(keep),
@@ -302,8 +304,8 @@ class Fallback {
       std::vector<at::Tensor> dst;  // second aliases of the npu outputs: an out= kernel may swap an alias's storage
       for (const at::Tensor& o : outs) {
         data.push_back(o.const_data_ptr());
-        auto* npu_si = static_cast<c10::StorageImpl*>(o.storage().data_ptr().get_context());
-        c10::Storage again = cpu_storage_alias(npu_si);
+        // `o` keeps the bytes for the kernel's run (or the stream's order does): the second view needs no hold.
+        c10::Storage again = cpu_storage_view(const_cast<void*>(o.storage().data()), o.storage().nbytes());
         dst.push_back(cpu_alias(o, &again));
         call.emplace_back(o);
       }
@@ -423,7 +425,8 @@ class Fallback {
         break;
       }
     }
-    c10::Storage st = shared ? *shared : cpu_storage_alias(si);
+    c10::Storage st = shared ? *shared : queued_stream_ >= 0 ? queued_storage_alias(si, queued_stream_)
+                                                             : cpu_storage_alias(si);
     at::Tensor cpu = cpu_alias(t, &st);
     aliases_.push_back(Alias{t, cpu, si, std::move(st), si->data_ptr().get()});
     return cpu;
@@ -525,6 +528,7 @@ class Fallback {
   bool needs_generator_ = false;
   size_t generator_slot_ = 0;
   std::optional<at::Generator> generator_;
+  int64_t queued_stream_ = -1;  // the stream the op's kernel is queued on, once launch_async commits
   std::vector<std::pair<std::string, c10::Device>> pending_cpu_;
   c10::SmallVector<Alias, 4> aliases_;
 };

@@ -3,8 +3,8 @@
 #include "launch.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <c10/core/AutogradState.h>
+#include <ATen/SavedTensorHooks.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -52,29 +52,22 @@ void record_error(const std::string& op, const std::string& site, const char* wh
                  "\n(npu kernels run asynchronously; set ASCEND_LAUNCH_BLOCKING=1 to raise at the call)");
 }
 
-// The launcher's local dispatch keys without the Python ones: a kernel launched under a Python dispatcher or
-// mode (fake tensors, functionalization in torch.compile) carries those keys, but their Python state is
-// thread-local and absent on the worker, where the kernel's CPU ops must not reach Python anyway.
-c10::impl::LocalDispatchKeySet worker_keys() {
+// The dispatch keys a queued kernel's CPU ops run with: the launcher's, without the Python ones. A kernel launched
+// under a Python dispatcher or mode (fake tensors, functionalization in torch.compile) carries those keys, but
+// the kernel's CPU ops must not reach Python on the worker: that takes the GIL, which the launching thread may
+// hold while it waits for the worker (synchronize, a full queue).
+c10::impl::LocalDispatchKeySet without_python_keys(c10::impl::LocalDispatchKeySet keys) {
   static const c10::DispatchKeySet python_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                                 c10::DispatchKey::PythonDispatcher, c10::DispatchKey::PreDispatch});
-  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   keys.included_ = keys.included_ - python_keys;
   return keys;
 }
 
-// The launch window of one stream: what its queued kernels (not yet run) hold. Why bound it at all: a queued
-// kernel's arguments and outputs return to the caching allocator only after it ran (launch.h), so a host far
-// ahead holds memory a blocking program would already have reused, and reuses blocks long after their last
-// touch. That matters in two different ways, so the window has three limits:
-//  * bytes of cache-sensitive kernels (memory-bound ones, LaunchCost): a 256 KiB add ran 3x slower queued
-//    deep than run blocking, its output cold in cache. Their outputs may hold at most kCacheBytes, a cache's
-//    worth: the host stays close enough that blocks are reused while warm.
-//  * bytes in all: the outputs of compute-bound kernels (a matmul reads its operands many times; a cold output
-//    costs it little) may run far ahead, but not hold more than a share of the device (memory_budget()).
-//  * kernels: queue_depth(), the length of a device's launch queue.
-// A launch that would exceed a limit waits until the window has drained to half of every limit. A single
-// kernel larger than a byte limit still runs: it waits for the half-drained window, then enters.
+// The launch window of one stream: how many kernels are queued there and not yet run. Only the count is bounded
+// (queue_depth(), a device launch queue's length): queued kernels hold no memory the host could otherwise reuse,
+// since a block the host frees returns to its stream's pool at once (docs/memory.md, "Stream-ordered reuse"), so
+// the host runs as far ahead as a device's queue lets it, whatever the kernels' kind. A launch into a full window
+// waits until half of it ran.
 constexpr int kDefaultQueueDepth = 1024;
 // Small kernels faster than this on the launching thread run inline on an idle stream (launch.h,
 // inline_kernel_ns): about what a hand-off to the worker costs the host here (1-4 us; BENCHMARKS.md,
@@ -84,42 +77,23 @@ constexpr int64_t kDefaultInlineNs = 2000;
 // the kernel running may have started a little earlier or run a little slower than its samples.
 constexpr int64_t kInlineWaitSlackNs = 20000;
 
-constexpr int64_t kCacheBytes = 8 << 20;
-
 struct Window {
   std::atomic<int> inflight{0};
-  std::atomic<int64_t> bytes{0};        // output bytes held by queued kernels
-  std::atomic<int64_t> cache_bytes{0};  // the part held by cache-sensitive kernels
   std::atomic<int> not_inline{0};       // queued kernels that would not run inline (LaunchCost::inline_ns < 0)
   std::atomic<int64_t> inline_ns{0};    // the learnt CPU times of the others, summed
   std::atomic<int> waiters{0};
-  int64_t memory_budget = 0;            // set once, when the window is made
   std::mutex mu;
   std::condition_variable cv;
 
-  bool admits(const LaunchCost& c) const {
+  bool admits() const {
     const int depth = queue_depth();
-    if (depth > 0 && inflight.load(std::memory_order_acquire) >= depth) return false;
-    if (c.bytes == 0) return true;
-    if (bytes.load(std::memory_order_acquire) + c.bytes > memory_budget) return false;
-    return !c.cache_sensitive || cache_bytes.load(std::memory_order_acquire) + c.bytes <= kCacheBytes;
+    return depth <= 0 || inflight.load(std::memory_order_acquire) < depth;
   }
   bool half_drained() const {
     const int depth = queue_depth();
-    return (depth <= 0 || inflight.load(std::memory_order_acquire) <= depth / 2) &&
-           bytes.load(std::memory_order_acquire) <= memory_budget / 2 &&
-           cache_bytes.load(std::memory_order_acquire) <= kCacheBytes / 2;
+    return depth <= 0 || inflight.load(std::memory_order_acquire) <= depth / 2;
   }
 };
-
-// A sixteenth of the device's capacity (NPUDIST_DEVICE_MEMORY): what queued kernels' outputs may hold.
-int64_t memory_budget(int device) {
-  NpudistDeviceProperties props{};
-  if (rt::api().get_device_properties(device, &props) != NPUDIST_SUCCESS || props.total_memory == 0) {
-    return int64_t{1} << 30;
-  }
-  return static_cast<int64_t>(props.total_memory / 16);
-}
 
 Window* window_for(int device, int64_t stream) {
   thread_local int last_device = -1;
@@ -132,10 +106,7 @@ Window* window_for(int device, int64_t stream) {
   {
     std::lock_guard<std::mutex> lk(mu);
     Window*& slot = (*windows)[(static_cast<int64_t>(device) << 32) ^ stream];
-    if (!slot) {
-      slot = new Window();
-      slot->memory_budget = memory_budget(device);
-    }
+    if (!slot) slot = new Window();
     w = slot;
   }
   last_device = device;
@@ -144,7 +115,7 @@ Window* window_for(int device, int64_t stream) {
   return w;
 }
 
-// Wait (Python GIL released) until the window has drained to half of every limit.
+// Wait (Python GIL released) until half of the window ran.
 void wait_half_drained(Window* w) {
   for (int i = 0; i < 64; ++i) {
     if (w->half_drained()) return;
@@ -160,51 +131,44 @@ void wait_half_drained(Window* w) {
   if (g_site.block_end) g_site.block_end(token);
 }
 
-// The launching thread's state that decides how the ops inside a kernel dispatch and compute, captured once per
-// launch and installed on the worker for the kernel's run (the kernel's CPU ops then dispatch as they would have
-// on the launcher): the local dispatch key set (autocast and functionalization included/excluded as there),
-// AutogradState (grad mode, inference mode, forward AD, multithreading) and the autocast dtypes. Deterministic
-// algorithms are process-wide (at::Context), so the worker sees them already.
-// Why not at::ThreadLocalState, as PyTorch's autograd engine carries to its workers: it also copies Python
-// objects (torch-function and dispatch-mode stacks, saved-tensor hooks, as npudist's activation swap uses);
-// copying or dropping one takes the GIL, and a worker waiting for the GIL while the launching thread holds it
-// and waits for the worker (synchronize, a full launch window) deadlocks. The kernel's CPU ops never reach
-// Python (worker_keys), so nothing Python-side is needed on the worker.
-struct LaunchState {
-  LaunchState()
-      : keys(worker_keys()),
-        autograd(c10::AutogradState::get_tls_state()),
-        cpu_autocast(at::autocast::get_autocast_dtype(at::kCPU)),
-        npu_autocast(at::autocast::get_autocast_dtype(at::kPrivateUse1)) {}
-  c10::impl::LocalDispatchKeySet keys;
-  c10::AutogradState autograd;
-  at::ScalarType cpu_autocast;
-  at::ScalarType npu_autocast;
-};
+// The launching thread's state, captured once per launch: PyTorch's own at::ThreadLocalState, as its autograd
+// engine carries it to its worker threads. Everything the dispatcher and autograd consult comes along (grad and
+// inference mode, autocast state and dtypes, the dispatch-key include/exclude sets, functionalization, forward AD,
+// profiler and functorch state), so a kernel's CPU ops dispatch on the worker as they would have on the launcher.
+// One exception: saved-tensor default hooks are left out. Their stack holds c10::SafePyObject values, whose copy
+// and destruction take the GIL; installing them on the worker would make every kernel wait for the GIL (and
+// deadlock while the launching thread holds it and waits for the worker). A queued kernel never records autograd
+// history (the fallback runs below the autograd keys), so the hooks have nothing to pack there. The other Python
+// parts (mode stacks, torch-function state) are shared_ptr copies: the captured state holds a reference until
+// the host destroys the finished task (release_finished), so the worker never drops the last one.
+at::ThreadLocalState capture_launch_state() {
+  const at::impl::SavedTensorDefaultHooksTLS& hooks = at::SavedTensorDefaultHooks::get_tls_state();
+  if (hooks.stack.empty()) return at::ThreadLocalState();
+  const at::impl::SavedTensorDefaultHooksTLS saved = hooks;
+  at::impl::SavedTensorDefaultHooksTLS without;
+  without.disabled_error_message = saved.disabled_error_message;
+  without.is_tracing = saved.is_tracing;
+  at::SavedTensorDefaultHooks::set_tls_state(without);
+  at::ThreadLocalState state;
+  at::SavedTensorDefaultHooks::set_tls_state(saved);
+  return state;
+}
 
-// Installs a LaunchState on the worker for one kernel and restores the worker's own afterwards.
+// Installs the launcher's state on the worker for one kernel (minus the Python dispatch keys, see
+// without_python_keys) and restores the worker's own afterwards.
 class LaunchStateGuard {
  public:
-  explicit LaunchStateGuard(const LaunchState& s) {
-    c10::impl::_force_tls_local_dispatch_key_set(s.keys);
-    c10::AutogradState::set_tls_state(s.autograd);
-    at::autocast::set_autocast_dtype(at::kCPU, s.cpu_autocast);
-    at::autocast::set_autocast_dtype(at::kPrivateUse1, s.npu_autocast);
-  }
-  ~LaunchStateGuard() {
-    c10::impl::_force_tls_local_dispatch_key_set(prev_.keys);
-    c10::AutogradState::set_tls_state(prev_.autograd);
-    at::autocast::set_autocast_dtype(at::kCPU, prev_.cpu_autocast);
-    at::autocast::set_autocast_dtype(at::kPrivateUse1, prev_.npu_autocast);
+  explicit LaunchStateGuard(const at::ThreadLocalState& s) : tls_(s) {
+    c10::impl::_force_tls_local_dispatch_key_set(without_python_keys(c10::impl::tls_local_dispatch_key_set()));
   }
   LaunchStateGuard(const LaunchStateGuard&) = delete;
   LaunchStateGuard& operator=(const LaunchStateGuard&) = delete;
 
  private:
-  const LaunchState prev_;
+  at::ThreadLocalStateGuard tls_;  // restores every part, the dispatch keys included
 };
 
-// What a kernel needs from its launching thread: the kernel and the state it runs under (LaunchState);
+// What a kernel needs from its launching thread: the kernel and the state it runs under (capture_launch_state);
 // intra-op threads come from ATen's setting, initialised once per worker.
 struct QueuedKernel {
   QueuedKernel(std::function<void()> k, const char* o) : kernel(std::move(k)), op(o) {}
@@ -216,7 +180,7 @@ struct QueuedKernel {
   void* site = nullptr;  // launch-site token (SiteHooks)
   Window* window = nullptr;
   LaunchCost cost;
-  LaunchState state;
+  at::ThreadLocalState state = capture_launch_state();
 };
 
 // Kernels that ran, waiting for a launching thread to destroy them (release_finished). Why not destroy them
@@ -297,10 +261,6 @@ void run_task(void* arg) {
   retire(t.release());  // its captured tensors are released by the next launch or synchronization on the host
   if (cost.inline_ns < 0) w->not_inline.fetch_sub(1, std::memory_order_acq_rel);
   else w->inline_ns.fetch_sub(cost.inline_ns, std::memory_order_acq_rel);
-  if (cost.bytes) {
-    w->bytes.fetch_sub(cost.bytes, std::memory_order_acq_rel);
-    if (cost.cache_sensitive) w->cache_bytes.fetch_sub(cost.bytes, std::memory_order_acq_rel);
-  }
   w->inflight.fetch_sub(1, std::memory_order_acq_rel);
   if (w->waiters.load(std::memory_order_acquire) > 0 && w->half_drained()) {
     std::lock_guard<std::mutex> lk(w->mu);
@@ -465,16 +425,13 @@ void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCos
   if (g_site.capture) task->site = g_site.capture();
   int64_t stream = rt::api().get_stream(device);
   Window* w = window_for(device, stream);
-  if (!w->admits(cost)) wait_half_drained(w);
+  if (!w->admits()) wait_half_drained(w);
   task->window = w;
   task->cost = cost;
   auto add = [&](int sign) {
     w->inflight.fetch_add(sign, std::memory_order_acq_rel);
     if (cost.inline_ns < 0) w->not_inline.fetch_add(sign, std::memory_order_acq_rel);
     else w->inline_ns.fetch_add(sign * cost.inline_ns, std::memory_order_acq_rel);
-    if (!cost.bytes) return;
-    w->bytes.fetch_add(sign * cost.bytes, std::memory_order_acq_rel);
-    if (cost.cache_sensitive) w->cache_bytes.fetch_add(sign * cost.bytes, std::memory_order_acq_rel);
   };
   add(1);
   const npudist_status st = rt::api().launch_host_func(device, stream, &run_task, task.get());

@@ -31,20 +31,17 @@ void set_task_queue_level(int level);
 // The C table of launch_c_api.h (one static instance).
 const NpudistLaunchApi* c_api();
 
-// What a queued kernel holds until it ran, for the launch window (launch.cpp): the bytes of the outputs
-// allocated for it, and whether it is cache-sensitive (memory-bound: its time is about that of streaming
-// its bytes, so a cold output slows it; a compute-bound kernel such as a large matmul is not).
+// What the launch path knows of a kernel before it runs: whether it would run inline on an idle stream, and then
+// its learnt time on the worker (what an inline launch behind it waits for, idle_for_inline).
 struct LaunchCost {
-  int64_t bytes = 0;
-  bool cache_sensitive = true;
   int64_t inline_ns = -1;  // a kernel that would run inline on an idle stream: its learnt CPU time; else -1
 };
 
 // Run `kernel` on `device`'s current stream after the work queued there. Whatever the closure captured stays
-// alive until the kernel ran and a launching thread called release_finished() (captured tensors keep their
-// memory alive until then). A kernel that
-// throws records an error naming `op` and the Python line that launched it; the next synchronization
-// point raises it.
+// alive until the kernel ran and a launching thread called release_finished(). Npu memory the kernel uses is
+// captured as the op path decides (npu_tensor.h, queued_cpu_alias): blocks reused in the stream's order are not
+// held at all. A kernel that throws records an error naming `op` and the Python line that launched it; the next
+// synchronization point raises it. Waits (the Python GIL released) while the stream holds queue_depth() kernels.
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost = {});
 
 // Make `device`'s current stream idle for a kernel that will run inline (inline_kernel_ns): true at once when
@@ -73,9 +70,9 @@ void drain(int device);
 // Raise (and clear) the first recorded kernel error as a RuntimeError, if there is one.
 void raise_pending_error();
 
-// Destroy the kernels that ran since the last call, releasing what their closures captured (the arguments'
-// memory returns to the caching allocator here). Every launch and synchronization point calls it, so memory
-// is back by the time the host next allocates or observes it. True if it released anything.
+// Destroy the kernels that ran since the last call, releasing what their closures captured (memory they held,
+// e.g. another stream's block, returns to the caching allocator here). Every launch and synchronization point
+// calls it, so memory is back by the time the host next allocates or observes it. True if it released anything.
 bool release_finished();
 
 // Raise, on the calling thread, the C++ warnings that queued kernels raised on their workers since the last
@@ -99,8 +96,9 @@ struct SiteHooks {
 };
 
 // How many kernels a stream may hold queued before a launch waits for it to run half of them
-// (NPUDIST_LAUNCH_QUEUE_DEPTH, default 1024; 0 = no limit on the count). Read once. The window's byte
-// limits (launch.cpp) apply whatever the depth.
+// (NPUDIST_LAUNCH_QUEUE_DEPTH, default 1024, about a device launch queue's length; 0 = no limit). Read once.
+// Kernels of every kind count alike: queued kernels hold no memory the host could reuse (docs/memory.md,
+// "Stream-ordered reuse"), so the count is the only bound.
 int queue_depth();
 void set_site_hooks(SiteHooks hooks);
 

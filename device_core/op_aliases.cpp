@@ -89,6 +89,23 @@ c10::Storage cpu_storage_alias(c10::StorageImpl* si) {
                                                             std::move(dp), g_cpu_wrapper, /*resizable=*/true));
 }
 
+// HOST-MEMORY: as cpu_storage_alias, without a reference to the npu storage.
+c10::Storage cpu_storage_view(void* data, size_t nbytes) {
+  c10::DataPtr dp(data, c10::Device(c10::kCPU));  // no context, no deleter: the bytes are not its to free
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(dp), g_cpu_wrapper, /*resizable=*/true));
+}
+
+c10::Storage queued_storage_alias(c10::StorageImpl* si, int64_t stream) {
+  if (memory::stream_ordered(si->data_ptr(), stream)) return cpu_storage_view(si->mutable_data_ptr().get(), si->nbytes());
+  return cpu_storage_alias(si);
+}
+
+at::Tensor queued_cpu_alias(const at::Tensor& t, int64_t stream) {
+  c10::Storage storage = queued_storage_alias(t.storage().unsafeGetStorageImpl(), stream);
+  return cpu_alias(t, &storage);
+}
+
 at::Tensor tensor_over(c10::Storage storage, c10::DispatchKey key, const at::Tensor& g) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), g.dtype());
   impl->set_sizes_and_strides(g.sizes(), g.strides(), g.storage_offset());
@@ -108,15 +125,21 @@ at::Tensor as_cpu(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
   return t;
 }
+// As as_cpu, for a copy queued on `stream`: the npu side as a kernel queued there sees it (queued_cpu_alias).
+at::Tensor as_queued_cpu(const at::Tensor& t, int64_t stream, const char* what) {
+  return t.device().type() == kNpu ? queued_cpu_alias(t, stream) : as_cpu(t, what);
+}
 }  // namespace
 
 // HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
 void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   const bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
   if (src_npu && dst_npu && src.device() == dst.device() && launch::may_queue()) {
-    // npu -> npu: a queued kernel, like every other op. The aliases keep both storages alive until it ran.
-    at::Tensor src_cpu = cpu_alias(src), dst_cpu = cpu_alias(dst);
-    launch::enqueue(dst.device().index(), "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
+    // npu -> npu: a queued kernel, like every other op, seeing both sides as queued kernels do.
+    const int device = dst.device().index();
+    const int64_t stream = rt::api().get_stream(device);
+    at::Tensor src_cpu = queued_cpu_alias(src, stream), dst_cpu = queued_cpu_alias(dst, stream);
+    launch::enqueue(device, "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
     return;
   }
   // A non_blocking copy between an npu tensor and pinned host memory is queued on the npu side's current
@@ -127,9 +150,9 @@ void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blo
     const at::Tensor& host = src_npu ? dst : src;
     if (host.device().is_cpu() && host.has_storage() && host_memory::is_pinned(host.storage().data())) {
       const int device = (src_npu ? src : dst).device().index();
-      at::Tensor src_cpu = as_cpu(src, "source"), dst_cpu = as_cpu(dst, "destination");
-      launch::enqueue(device, "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); },
-                      launch::LaunchCost{static_cast<int64_t>(dst_cpu.numel() * dst_cpu.element_size()), true});
+      const int64_t stream = rt::api().get_stream(device);
+      at::Tensor src_cpu = as_queued_cpu(src, stream, "source"), dst_cpu = as_queued_cpu(dst, stream, "destination");
+      launch::enqueue(device, "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
       return;
     }
   }

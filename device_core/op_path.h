@@ -65,19 +65,15 @@ struct Inferred {
   };
   bool ok = false;         // false: run synchronously
   bool view = false;       // every output is a view of an argument: run at once, no data access
-  // Whether the signature's kernel is compute-bound: its outputs may then run far ahead of it in the launch
-  // window (launch::LaunchCost). Learnt from its first queued runs on the stream worker, timed in thread CPU
-  // time: compute-bound when even the fastest took over 4x what streaming its arguments and results at
-  // 10 bytes/ns (the order of one core's streaming bandwidth here, BENCHMARKS.md "Memory roofline") would.
-  // Until then, and for every memory-bound kernel, the window keeps outputs within a cache's worth of bytes.
-  // Shared by the copies of one signature's entry; a wrong guess costs only speed.
+  // What the signature's kernel costs, learnt from its first queued runs on the stream worker (thread CPU time)
+  // and its first inline runs on the host: whether it is small and fast enough to run inline on an idle stream,
+  // and how long an inline launch queued behind it waits (launch::idle_for_inline). Shared by the copies of one
+  // signature's entry; a wrong guess costs only speed.
   struct KernelCost {
     static constexpr int kSamples = 4;
     std::atomic<int> samples{0};
-    std::atomic<bool> compute{false};
     std::atomic<int64_t> fastest_ns{INT64_MAX};
     bool sampling() const { return samples.load(std::memory_order_relaxed) < kSamples; }
-    bool compute_bound() const { return compute.load(std::memory_order_relaxed); }
     std::atomic<int64_t> touched{0};  // bytes of arguments and results, as sampled
 
     // Whether the kernel runs inline on an idle stream (launch.h, inline_kernel_ns): small (at most
@@ -102,8 +98,6 @@ struct Inferred {
       int64_t prev = fastest_ns.load(std::memory_order_relaxed);
       while (ns < prev && !fastest_ns.compare_exchange_weak(prev, ns, std::memory_order_relaxed)) {
       }
-      const int64_t fastest = std::min(prev, ns);
-      compute.store(fastest > 4 * bytes / 10, std::memory_order_relaxed);
       touched.store(bytes, std::memory_order_relaxed);
       samples.fetch_add(1, std::memory_order_relaxed);
     }

@@ -90,6 +90,12 @@ bool CachingAllocator::owns(void* ptr) {
   return live_.count(ptr) > 0;
 }
 
+int64_t CachingAllocator::stream_of(void* ptr) {
+  std::lock_guard<std::mutex> lock(map_mu_);
+  auto it = live_.find(ptr);
+  return it == live_.end() ? -1 : it->second->stream;  // a live block's stream never changes
+}
+
 void CachingAllocator::empty_cache() {
   for (auto& d : devices_) d->empty_cache();
 }

@@ -51,6 +51,11 @@ class DeviceHooks {
   virtual std::shared_ptr<void> record_marker(int device, int64_t stream) = 0;
   virtual bool marker_done(const std::shared_ptr<void>& marker) = 0;
   virtual void marker_wait(const std::shared_ptr<void>& marker) = 0;
+  // Wait until every stream of `device` ran everything enqueued on it so far. Called (allocator lock released)
+  // before cached memory goes back to the device: a block freed by the host returns to its stream's pool at once
+  // even while kernels queued on that stream still read or write it (stream-ordered reuse, docs/memory.md), so
+  // its segment may leave only once they ran, as cudaFree synchronizes the device.
+  virtual void synchronize_device(int device) = 0;
   // Device memory: a fixed segment (nullptr when the device cannot provide it) ...
   virtual void* map_segment(int device, size_t size) = 0;
   virtual void unmap_segment(void* ptr, size_t size) = 0;
@@ -168,6 +173,9 @@ class CachingAllocator {
   // Undoes record_stream(ptr, stream) for a live block (torch_npu.erase_stream). Throws like record_stream.
   void erase_stream(void* ptr, int64_t stream);
   bool owns(void* ptr);
+  // The stream a live block was allocated on (the stream whose pool it returns to when freed); -1 for a pointer
+  // this allocator did not return.
+  int64_t stream_of(void* ptr);
   int device_count() const { return static_cast<int>(devices_.size()); }
 
   // Returns the unused segments of the default pools and of private pools nobody uses any more.

@@ -58,9 +58,9 @@ Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& 
   } else {
     found = get_free_block(p);
     if (!found) {
-      if (cfg_.garbage_collection_threshold > 0) garbage_collect_cached_blocks(ctx);
+      if (cfg_.garbage_collection_threshold > 0) garbage_collect_cached_blocks(ctx, lock);
       found = alloc_block(p, false) ||
-              (release_available_cached_blocks(p) && alloc_block(p, false)) ||
+              (release_available_cached_blocks(p, lock) && alloc_block(p, false)) ||
               (release_cached_blocks(ctx, lock) && alloc_block(p, true)) || get_free_block_on_oom(p);
     }
   }
@@ -178,6 +178,7 @@ void DeviceAllocator::free(Block* block, const Context& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   assert(block->allocated);
   block->allocated = false;
+  ++frees_;
   record_trace(Action::kFreeRequested, reinterpret_cast<uintptr_t>(block->ptr), block->requested_size,
                block->stream, history_.context_on_free ? ctx : Context());
   for (size_t t : stat_types(block->pool)) {
@@ -302,8 +303,19 @@ void DeviceAllocator::wait_pending(std::unique_lock<std::mutex>& lock) {
   process_events();
 }
 
-bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
+void DeviceAllocator::wait_for_streams(std::unique_lock<std::mutex>& lock) {
+  for (int round = 0; round < 8; ++round) {  // bounded: a host freeing without pause cannot hold it here
+    const uint64_t frees = frees_;
+    lock.unlock();
+    hooks_->synchronize_device(device_);
+    lock.lock();
+    if (frees_ == frees) return;
+  }
+}
+
+bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p, std::unique_lock<std::mutex>& lock) {
   if (cfg_.max_split_size == SIZE_MAX) return false;
+  wait_for_streams(lock);
   BlockPool& pool = *p.pool;
   // Release oversize cached blocks (never split, so only whole segments) until the request fits.
   Block key(device_, p.stream, std::max(p.size, cfg_.max_split_size), &pool, nullptr);
@@ -330,6 +342,7 @@ bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
 
 bool DeviceAllocator::release_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock) {
   wait_pending(lock);
+  wait_for_streams(lock);
   release_blocks(&large_, ctx);
   release_blocks(&small_, ctx);
   release_freeable_pools(ctx);
@@ -367,11 +380,13 @@ void DeviceAllocator::release_block(Block* block, const Context& ctx) {
   delete block;
 }
 
-void DeviceAllocator::garbage_collect_cached_blocks(const Context& ctx) {
+void DeviceAllocator::garbage_collect_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock) {
   // Free whole cached segments that have waited longest for reuse, once reserved memory passes the
   // threshold, so that allocations do not reach the OOM path (and its full cache flush).
   size_t threshold = static_cast<size_t>(cfg_.garbage_collection_threshold *
                                          static_cast<double>(allowed_bytes()));
+  if (total_reserved_ <= threshold) return;
+  wait_for_streams(lock);
   if (total_reserved_ <= threshold) return;
   size_t target = total_reserved_ - threshold, reclaimed = 0;
   double total_age = 0;

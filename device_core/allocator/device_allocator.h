@@ -140,7 +140,11 @@ class DeviceAllocator {
   // Waits for every outstanding marker with mu_ released (a stream's host function may itself free
   // npu memory), then frees the blocks that waited on them.
   void wait_pending(std::unique_lock<std::mutex>& lock);
-  bool release_available_cached_blocks(const AllocParams& p);
+  // Before segments go back to the device: waits, mu_ released, until the device's streams ran what was queued
+  // (DeviceHooks::synchronize_device), again if the host freed blocks meanwhile (kernels queued before such a
+  // free may use them).
+  void wait_for_streams(std::unique_lock<std::mutex>& lock);
+  bool release_available_cached_blocks(const AllocParams& p, std::unique_lock<std::mutex>& lock);
   bool release_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock);
   // device_private_pools.cpp
   BlockPool* pool_for(size_t size, int64_t stream);
@@ -153,7 +157,7 @@ class DeviceAllocator {
   void release_blocks(BlockPool* pool, const Context& ctx);
   void release_block(Block* block, const Context& ctx);
   void release_expandable_pages(Block* block, const Context& ctx);
-  void garbage_collect_cached_blocks(const Context& ctx);
+  void garbage_collect_cached_blocks(const Context& ctx, std::unique_lock<std::mutex>& lock);
   void record_trace(Action a, uintptr_t addr, size_t size, int64_t stream, const Context& ctx,
                     size_t device_free = 0);
   std::string oom_message(size_t orig_size, size_t alloc_size) const;
@@ -173,6 +177,7 @@ class DeviceAllocator {
   std::unordered_set<Block*> active_blocks_;
   std::deque<std::pair<std::shared_ptr<void>, Block*>> pending_;  // marker, block awaiting it
   size_t total_reserved_ = 0;
+  uint64_t frees_ = 0;  // blocks freed by the host so far (wait_for_streams)
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_;
   HistoryOptions history_;
   std::vector<bool> skip_;  // by Action

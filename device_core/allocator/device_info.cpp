@@ -62,7 +62,10 @@ void DeviceAllocator::set_config(const AllocatorConfig& cfg) {
 }
 
 void DeviceAllocator::set_caching(bool enabled) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Without caching a freed block leaves at once (free_block), so kernels still queued on blocks freed into the
+  // pools must have run first.
+  if (!enabled && caching_) wait_for_streams(lock);
   caching_ = enabled;
 }
 

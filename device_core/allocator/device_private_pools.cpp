@@ -119,7 +119,8 @@ void DeviceAllocator::empty_cache(PoolId pool) {
   auto it = private_pools_.find(pool);
   if (it == private_pools_.end()) return;
   wait_pending(lock);
-  it = private_pools_.find(pool);  // wait_pending unlocked
+  wait_for_streams(lock);
+  it = private_pools_.find(pool);  // the waits unlocked
   if (it == private_pools_.end()) return;
   release_private_pool_blocks(it->second.get(), Context());
   if (it->second->use_count == 0 && it->second->segments == 0) private_pools_.erase(it);

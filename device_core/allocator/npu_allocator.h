@@ -15,6 +15,14 @@ c10::Allocator* allocator();
 // True if `ptr` is a live allocation of the npu allocator (what allocator()->raw_deleter() frees).
 bool owns(void* ptr);
 
+// Whether a kernel queued on `stream` may reference the memory behind data_ptr without holding it: a block of
+// the caching allocator (caching on) allocated on that stream. Such a block, freed by the host, returns to the
+// stream's pool at once and is handed to the stream's next allocation; that allocation's work runs after the
+// queued kernel because the stream runs in order, and its segment leaves the allocator only after the device's
+// streams ran (DeviceHooks::synchronize_device). Any other memory (another stream's block, swapped or pluggable
+// allocations, caching off) must be held by the kernel until it ran.
+bool stream_ordered(const c10::DataPtr& data_ptr, int64_t stream);
+
 // Tensor.record_stream: the block behind data_ptr must not be reused until `stream` has passed the
 // point where this was called.
 void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream);

@@ -57,6 +57,7 @@ struct RuntimeHooks final : alloc::DeviceHooks {
   void marker_wait(const std::shared_ptr<void>& m) override {
     rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(m.get())));
   }
+  void synchronize_device(int d) override { rt::check(rt::api().device_synchronize(d)); }
   void* map_segment(int d, size_t size) override {
     void* p = nullptr;
     return rt::api().malloc(d, size, &p) == NPUDIST_SUCCESS ? p : nullptr;
@@ -334,6 +335,17 @@ static bool tracks_streams(const c10::DataPtr& data_ptr, c10::Stream stream, con
                     stream);
   std::lock_guard<std::mutex> lock(g_plug_mu);
   return !g_plug_live.count(data_ptr.get());
+}
+
+bool stream_ordered(const c10::DataPtr& data_ptr, int64_t stream) {
+  if (!data_ptr.get() || data_ptr.get_deleter() != &raw_delete) return false;
+  CachingAllocator* c = core();
+  if (!c->caching_enabled()) return false;
+  if (g_plug_free.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(g_plug_mu);
+    if (g_plug_live.count(data_ptr.get())) return false;
+  }
+  return c->stream_of(data_ptr.get()) == stream;
 }
 
 void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream) {
@@ -659,7 +671,7 @@ void init_bindings(pybind11::module_& m) {
     }
   });
   m.def("_npu_allocator_settings", &allocator_settings);
-  m.def("_npu_cachingAllocator_enable", [](bool on) { core()->set_caching(on); });
+  m.def("_npu_cachingAllocator_enable", [](bool on) { core()->set_caching(on); }, nogil);  // may wait for the streams
   m.def("_npu_cachingAllocator_is_enabled", [] { return core()->caching_enabled(); });
   m.def("_npu_change_current_allocator", [](uintptr_t alloc_fn, uintptr_t free_fn) {
     TORCH_CHECK_VALUE(alloc_fn && free_fn, "change_current_allocator: null allocation function");

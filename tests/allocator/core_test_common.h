@@ -73,6 +73,13 @@ struct FakeHooks : DeviceHooks {
     ++waits;
     static_cast<FakeMarker*>(m.get())->done = true;
   }
+  // Device synchronizations per device, and what the test observes at each (e.g. which segments are still mapped).
+  std::map<int, int> device_syncs;
+  std::function<void(int device)> on_device_sync;
+  void synchronize_device(int device) override {
+    ++device_syncs[device];
+    if (on_device_sync) on_device_sync(device);
+  }
   // Device memory faked with host mappings (what the emulated runtime does, without shareable segments).
   void* map_segment(int, size_t size) override {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -66,6 +66,27 @@ def test_queued_kernels_run_under_the_launchers_inference_mode():
 
 
 @needs_async
+def test_queued_kernels_run_under_the_launchers_autocast():
+    """Under torch.autocast("npu") a queued matmul computes in the autocast dtype and its result equals the same
+    op under CPU autocast bit for bit; the state (at::ThreadLocalState) is the launcher's, restored afterwards."""
+    x = torch.randn(64, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = x @ x
+    xn = x.to("npu")
+    with torch.autocast("npu", dtype=torch.bfloat16):
+        xn @ xn  # first run of the signature: synchronous
+        torch.npu.synchronize()
+        stream = torch.npu.current_stream()
+        with HostGate(0, stream.stream_id):
+            kernel_queue.reset_launch_counts()
+            outs = [xn @ xn for _ in range(4)]
+            assert kernel_queue.launch_counts()["queued"] >= 4  # the matmuls (and autocast's casts) are queued
+        torch.npu.synchronize()
+    assert all(o.dtype == torch.bfloat16 and torch.equal(o.cpu(), expected) for o in outs)
+    assert (xn @ xn).dtype == torch.float32  # outside autocast again
+
+
+@needs_async
 def test_sync_points_wait_for_queued_kernels():
     x = torch.arange(6, dtype=torch.float32, device="npu")
     (x * 3 + 1).sum()
@@ -302,21 +323,20 @@ print('ok')
     assert res.returncode != 0 and "NPUDIST_LAUNCH_QUEUE_DEPTH='many' is not a queue depth" in res.stderr, res.stderr[-3000:]
 
 
-def test_launch_window_limits_bytes_by_kind_of_kernel():
-    """The launch window counts the output bytes queued kernels hold (docs/device.md, "Launch window"): with the
-    stream held, memory-bound kernels (a 1 MiB add) queue only until their outputs fill the 8 MiB cache budget,
-    while compute-bound ones (1024x1024 matmuls, 4 MiB outputs; the kind is learnt from a signature's first
-    queued runs) queue until a sixteenth of the device's capacity (here 256 MiB / 16 = 16 MiB): 8 adds, then 4
-    matmuls, and the launching thread waits. Released, every result is right."""
+def test_launch_window_counts_kernels_whatever_they_hold():
+    """The launch window counts kernels only (docs/device.md, "Launch window"): with the stream held, 12
+    memory-bound adds of 1 MiB outputs and 6 matmuls of 4 MiB outputs all queue (their outputs, 28 MiB, are more
+    than a tenth of the 256 MiB device) without the launching thread waiting; with NPUDIST_LAUNCH_QUEUE_DEPTH=8
+    the ninth kernel waits, whatever its kind. Released, every result is right."""
     code = """
-import threading, time, torch, npudist
+import os, threading, time, torch, npudist
 from npudist.device import kernel_queue
 from runtime_ext import HostGate
 torch.set_num_threads(1)
 x = torch.ones(256 * 1024, device='npu')
 a = torch.eye(1024, device='npu')
-for _ in range(5):  # the first run is synchronous; the next ones, queued, are timed to classify the kernel
-    x + 1, a @ a
+for _ in range(5):  # the first run is synchronous; the next ones are queued
+    x + 1, a @ a + 1
 torch.npu.synchronize()
 def queued_before_wait(fn, n):
     outs = []
@@ -324,23 +344,26 @@ def queued_before_wait(fn, n):
         kernel_queue.reset_launch_counts()
         t = threading.Thread(target=lambda: outs.extend(fn() for _ in range(n)))
         t.start()
-        time.sleep(0.5)
+        t.join(0.5)
         alive, queued = t.is_alive(), kernel_queue.launch_counts()['queued']
         gate.open()
         t.join(60)
     assert not t.is_alive() and len(outs) == n
     return alive, queued, outs
-alive, queued, outs = queued_before_wait(lambda: x + 1, 12)
-assert alive and queued == 8, (alive, queued)
-assert all(torch.equal(o.cpu(), torch.full((256 * 1024,), 2.0)) for o in outs)
-alive, queued, outs = queued_before_wait(lambda: a @ a, 6)
-assert alive and queued == 4, (alive, queued)
-assert all(torch.equal(o.cpu(), torch.eye(1024)) for o in outs)
+depth = int(os.environ.get('NPUDIST_LAUNCH_QUEUE_DEPTH', '1024'))
+# (launch, calls, kernels per call, result): memory-bound, compute-bound, and both mixed
+for fn, n, k, expected in ((lambda: x + 1, 12, 1, torch.full((256 * 1024,), 2.0)), (lambda: a @ a, 6, 1, torch.eye(1024)),
+                           (lambda: a @ a + 1, 6, 2, torch.eye(1024) + 1)):
+    alive, queued, outs = queued_before_wait(fn, n)
+    assert (alive, queued) == ((True, depth) if depth < n * k else (False, n * k)), (alive, queued, depth)
+    assert all(torch.equal(o.cpu(), expected) for o in outs)
 print('ok')
 """
-    res = run_python(code, env={"NPUDIST_DEVICE_MEMORY": "256MiB", "ASCEND_LAUNCH_BLOCKING": "0",
-                                "NPUDIST_LAUNCH_BLOCKING": "0", "PYTHONPATH": "tests"}, timeout=180)
-    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+    for depth in ("1024", "4"):
+        res = run_python(code, env={"NPUDIST_DEVICE_MEMORY": "256MiB", "ASCEND_LAUNCH_BLOCKING": "0",
+                                    "NPUDIST_LAUNCH_BLOCKING": "0", "NPUDIST_LAUNCH_QUEUE_DEPTH": depth,
+                                    "PYTHONPATH": "tests"}, timeout=180)
+        assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
 
 
 @needs_async
@@ -376,18 +399,24 @@ def test_synchronize_releases_what_finished_kernels_held():
 
 
 def test_an_allocation_that_would_run_out_releases_finished_kernels_and_retries():
-    """A finished kernel holds its arguments until the host next launches or synchronizes; an allocation that
-    would fail before then releases them and retries instead of raising OutOfMemoryError."""
+    """A finished kernel holds another stream's block it used until the host next launches or synchronizes (its
+    own stream's blocks it does not hold: docs/memory.md, "Stream-ordered reuse"); an allocation that would fail
+    before then releases it and retries instead of raising OutOfMemoryError."""
     code = """
 import time, torch, npudist
 n = 6 * 2**20  # 24 MiB of float32; the device has 64 MiB
-w = torch.ones(n, device='npu'); v = w + 1; del w, v  # first run of each signature: synchronous
+side = torch.npu.Stream()
+w = torch.ones(n, device='npu')
+with torch.npu.stream(side):
+    v = w + 1  # first run of each signature: synchronous
+del w, v
 torch.npu.synchronize()
 x = torch.ones(n, device='npu')
-y = x + 1
-del x  # the queued kernel holds x's block
-s = torch.npu.current_stream()
-while not s.query():  # the kernel ran; query() releases nothing
+side.wait_stream(torch.npu.current_stream())
+with torch.npu.stream(side):
+    y = x + 1
+del x  # a block of the default stream: the kernel queued on `side` holds it
+while not side.query():  # the kernel ran; query() releases nothing
     time.sleep(0.001)
 assert torch.npu.memory_allocated() == 2 * n * 4, torch.npu.memory_allocated()  # x: still held by the finished task
 z = torch.empty(n, device='npu')  # x + y + z would not fit: x's task is released and the allocation retried
