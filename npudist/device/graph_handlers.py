@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npudist.device import streams
@@ -109,6 +110,30 @@ class _GraphDispatchRecord:
     op_cache_entry: Any = None
 
 
+def _composite(func) -> bool:
+    """Whether ``func`` (an op overload or packet) decomposes above the Python dispatch key (CompositeImplicit):
+    a dispatch mode never sees such an op, only its parts; npudist's fused npu operators are such compositions."""
+    overload = getattr(func, "default", func)
+    schema = getattr(overload, "_schema", None)
+    return schema is not None and torch._C._dispatch_has_kernel_for_dispatch_key(schema.name,
+                                                                                "CompositeImplicitAutograd")
+
+
+class _CompositeOpMode(TorchFunctionMode):
+    """The handled operators that decompose before dispatch are caught at the call (torch.ops.* calls reach
+    function modes); the rest are caught by _GraphDispatchMode below."""
+
+    def __init__(self, owner: "_GraphDispatchMode"):
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and \
+                func.__name__ in _NPU_GRAPH_OP_HANDLERS and _composite(func):
+            return self.owner._handle(func, args, kwargs)
+        return func(*args, **(kwargs or {}))
+
+
 class _GraphDispatchMode(TorchDispatchMode):
     """Active during an ``auto_dispatch_capture`` capture: task groups around the handled operators' calls."""
 
@@ -116,8 +141,29 @@ class _GraphDispatchMode(TorchDispatchMode):
         super().__init__()
         self.graph_dispatch_records: list[_GraphDispatchRecord] = []
         self.update_stream = None
+        self._function_mode = _CompositeOpMode(self)
+        self._in_group = False
+
+    def __enter__(self):
+        self._function_mode.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._function_mode.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            return super().__exit__(exc_type, exc, tb)
+        finally:
+            self._function_mode.__exit__(exc_type, exc, tb)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._in_group:  # the parts of a handled composite op belong to its group
+            return func(*args, **(kwargs or {}))
+        return self._handle(func, args, kwargs)
+
+    def _handle(self, func, args, kwargs):
         kwargs = dict(kwargs or {})
         handler = _NPU_GRAPH_OP_HANDLERS.get(func.__name__)
         if handler is None or (hasattr(handler, "should_handle") and not handler.should_handle(func, args, kwargs)):
@@ -128,9 +174,14 @@ class _GraphDispatchMode(TorchDispatchMode):
         event.reset(stream)  # ... and leaves the event clear for the next one
         actual, args, kwargs = handler.prepare_capture(func, args, kwargs)
         graph_task_group_begin(stream)
-        result = actual(*args, **kwargs)
+        self._in_group = True
+        try:
+            result = actual(*args, **kwargs)
+        finally:
+            self._in_group = False
         handle = graph_task_group_end(stream)
-        tensor_names = [a.name for a in actual._schema.arguments if isinstance(a.type, torch.TensorType)]
+        schema = getattr(getattr(actual, "default", actual), "_schema", None)
+        tensor_names = [a.name for a in schema.arguments if isinstance(a.type, torch.TensorType)] if schema else []
         self.graph_dispatch_records.append(_GraphDispatchRecord(
             event=event, handle=handle, op_cache_entry=actual,
             args=[a if torch.is_tensor(a) else deepcopy(a) for a in args],
@@ -142,6 +193,9 @@ class _GraphDispatchMode(TorchDispatchMode):
         if not isinstance(cpu_update_input, (list, tuple)) or not all(isinstance(u, dict) for u in cpu_update_input):
             raise ValueError("NPUGraph.update: cpu_update_input must be a list of dicts (one per handled call "
                              f"recorded in the capture, or one for all), got {cpu_update_input!r}")
+        if not records:
+            raise ValueError("NPUGraph.update: the capture recorded no call of an operator with a registered "
+                             "handler (torch.npu.register_npu_graph_handler), so there is nothing to update")
         if len(cpu_update_input) == 1:
             cpu_update_input = [dict(cpu_update_input[0]) for _ in records]
         if len(cpu_update_input) != len(records):

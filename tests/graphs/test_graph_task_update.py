@@ -225,6 +225,11 @@ def test_auto_dispatch_capture_update_through_a_registered_handler():
             torch.mul(x, 2.0)
         with pytest.raises(RuntimeError, match="auto_dispatch_capture=True"):
             plain.update([{"factor": 1.0}])
+        unhandled = torch.npu.NPUGraph()
+        with torch.npu.graph(unhandled, auto_dispatch_capture=True):
+            torch.add(x, 2.0)
+        with pytest.raises(ValueError, match="recorded no call of an operator with a registered handler"):
+            unhandled.update([{"factor": 1.0}])
     finally:
         graph_handlers._NPU_GRAPH_OP_HANDLERS.pop("mul.Tensor", None)
     with pytest.raises(ValueError, match="subclass of NpuGraphOpHandler"):
@@ -259,3 +264,18 @@ def test_intermediates_may_change_shape_while_the_group_result_keeps_its_place()
         expected = body(n)
         assert torch.equal(out.cpu(), expected.cpu())
         assert torch.equal(total.cpu(), expected.sum().cpu())
+
+
+def test_auto_dispatch_capture_updates_fused_infer_attention_lengths():
+    q, k, v = _qkv()
+    g = torch.npu.NPUGraph()
+    with torch.no_grad():
+        with torch.npu.graph(g, auto_dispatch_capture=True):
+            out = _ifa(q, k, v, [29])
+            doubled = out * 2
+    for lengths in ([100], [7], [29]):
+        g.update([{"actual_seq_lengths": lengths}])
+        g.replay()
+        expected = _ifa(q, k, v, lengths)
+        assert torch.equal(out.cpu(), expected.cpu())
+        assert torch.equal(doubled.cpu(), (expected * 2).cpu())
