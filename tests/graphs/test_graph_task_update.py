@@ -64,8 +64,12 @@ def test_scalar_argument_update_and_later_tasks_see_it():
     update_stream = torch.npu.Stream()
     with torch.npu.stream(update_stream):
         torch.npu.graph_task_update_begin(update_stream, handle)
+        assert torch.npu.is_current_stream_capturing()  # host synchronisation is refused here as in a capture
+        with pytest.raises(RuntimeError, match="107030"):
+            torch.npu.current_stream().synchronize()
         torch.mul(x, 5.0)
         torch.npu.graph_task_update_end(update_stream)
+    assert not torch.npu.is_current_stream_capturing()
     torch.npu.current_stream().wait_stream(update_stream)
     g.replay()
     assert torch.equal(y.cpu(), torch.arange(8.0) * 5)
