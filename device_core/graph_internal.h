@@ -166,7 +166,6 @@ class Graph : public std::enable_shared_from_this<Graph> {
   // it was.
   void apply_update_locked();
   void rebuild_storages_locked();
-  void end_capture_locked();
   void check_storages_unchanged() const;  // caller holds mu_
   void give_stream_back();                 // caller holds mu_
 
