@@ -53,14 +53,7 @@ def test_fused_infer_attention_actual_seq_lengths_update_matches_eager():
 
 
 def test_scalar_argument_update_and_later_tasks_see_it():
-    x = torch.arange(8.0).npu()
-    g = torch.npu.NPUGraph()
-    with torch.npu.graph(g):
-        stream = torch.npu.current_stream()
-        torch.npu.graph_task_group_begin(stream)
-        y = torch.mul(x, 3.0)
-        handle = torch.npu.graph_task_group_end(stream)
-        z = y + 1
+    g, x, handle, _, y, z = _captured_group(lambda x: torch.mul(x, 3.0), torch.arange(8.0).npu(), lambda y: y + 1)
     update_stream = torch.npu.Stream()
     with torch.npu.stream(update_stream):
         torch.npu.graph_task_update_begin(update_stream, handle)
@@ -86,19 +79,22 @@ def test_scalar_argument_update_and_later_tasks_see_it():
     assert g.num_task_groups() == 1
 
 
-def _captured_group(ops):
-    x = torch.arange(4.0).npu()
+def _captured_group(ops, x=None, after=None):
+    """A graph capturing `ops(x)` as its one task group, then `after(result)` outside the group:
+    (graph, x, group handle, capture stream, the group's result, after's result)."""
+    x = torch.arange(4.0).npu() if x is None else x
     g = torch.npu.NPUGraph()
     with torch.npu.graph(g):
         stream = torch.npu.current_stream()
         torch.npu.graph_task_group_begin(stream)
-        ops(x)
+        result = ops(x)
         handle = torch.npu.graph_task_group_end(stream)
-    return g, x, handle, stream
+        later = after(result) if after is not None else None
+    return g, x, handle, stream, result, later
 
 
 def test_update_with_other_ops_is_refused_and_the_group_keeps_its_tasks():
-    g, x, handle, _ = _captured_group(lambda x: torch.mul(x, 2.0))
+    g, x, handle, *_ = _captured_group(lambda x: torch.mul(x, 2.0))
     s = torch.npu.Stream()
     with torch.npu.stream(s):
         torch.npu.graph_task_update_begin(s, handle)
@@ -115,14 +111,7 @@ def test_update_with_other_ops_is_refused_and_the_group_keeps_its_tasks():
 
 
 def test_update_changing_the_shape_of_a_result_read_after_the_group_is_refused():
-    x = torch.arange(8.0).npu()
-    g = torch.npu.NPUGraph()
-    with torch.npu.graph(g):
-        stream = torch.npu.current_stream()
-        torch.npu.graph_task_group_begin(stream)
-        y = x[:4] * 2
-        handle = torch.npu.graph_task_group_end(stream)
-        y.add_(1)
+    g, x, handle, *_ = _captured_group(lambda x: x[:4] * 2, torch.arange(8.0).npu(), lambda y: y.add_(1))
     s = torch.npu.Stream()
     with torch.npu.stream(s):
         torch.npu.graph_task_update_begin(s, handle)
@@ -158,14 +147,14 @@ def test_group_misuse_errors():
 
 
 def test_update_of_a_reset_or_deleted_graph_or_during_capture_is_refused():
-    g, x, handle, capture_stream = _captured_group(lambda x: torch.mul(x, 2.0))
+    g, x, handle, capture_stream, *_ = _captured_group(lambda x: torch.mul(x, 2.0))
     s = torch.npu.Stream()
     with pytest.raises(RuntimeError, match="capture stream"):
         torch.npu.graph_task_update_begin(capture_stream, handle)
     g.reset()
     with pytest.raises(RuntimeError, match="earlier capture of this graph"):
         torch.npu.graph_task_update_begin(s, handle)
-    g2, _, handle2, _ = _captured_group(lambda x: torch.mul(x, 2.0))
+    g2, _, handle2, *_ = _captured_group(lambda x: torch.mul(x, 2.0))
     del g2
     gc.collect()
     with pytest.raises(RuntimeError, match="NPUGraph was deleted"):
