@@ -59,7 +59,9 @@ void map_argument_tensors(const c10::Argument& arg, c10::IValue& v, Fn&& fn, c10
 // What the Meta kernel inferred for one argument signature.
 struct Inferred {
   struct Out {
-    int arg;  // >= 0: the npu argument (in signature order) written in place; -1: new tensor; -2: a view
+    static constexpr int kUndefined = -3;
+    int arg;  // >= 0: the npu argument (in signature order) written in place; -1: new tensor; -2: a view;
+              // kUndefined: an undefined tensor (a gradient the output_mask left out)
     std::vector<int64_t> sizes, strides;
     c10::ScalarType dtype;
   };

@@ -120,6 +120,18 @@ bool signature_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack
       put_i(-7);
       put_i(static_cast<int64_t>(v.toIntList().size()));
       for (int64_t x : v.toIntList()) put_i(x);
+    } else if (v.isBoolList()) {
+      // The output_mask of the norm and convolution backwards (bool[3]): which gradients exist.
+      put_i(-13);
+      const c10::List<bool> bools = v.toBoolList();
+      put_i(static_cast<int64_t>(bools.size()));
+      for (bool b : bools) put_i(b);
+    } else if (v.isDoubleList()) {
+      // Values kept: a float list can size the outputs (upsample's scale_factors).
+      put_i(-14);
+      const c10::List<double> doubles = v.toDoubleList();
+      put_i(static_cast<int64_t>(doubles.size()));
+      for (double d : doubles) put(&d, sizeof d);
     } else if (v.isString()) {
       put_i(-8);
       put_i(static_cast<int64_t>(v.toStringRef().size()));
@@ -215,7 +227,7 @@ class MetaInference {
     // The out= overload is a candidate when every return is a new tensor, nothing is written and no random
     // numbers are drawn (checking it would draw them again); the first call's check decides (fallback.cpp).
     if (any_new && !lists && !draws_random_ && !has_written_argument(op_.schema()) &&
-        std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg < 0; })) {
+        std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg == -1; })) {
       inf->out_op = find_out_overload(op_);
     }
     inf->ok = true;
@@ -233,7 +245,11 @@ class MetaInference {
   // A meta return: the meta alias of an argument (written in place), a view of an argument's storage, or
   // a new dense tensor to allocate. False for what npu outputs cannot be preallocated for.
   bool classify(const at::Tensor& r, Inferred& inf, bool& any_view, bool& any_new) {
-    if (!r.defined() || !r.is_meta()) return false;
+    if (!r.defined()) {  // a gradient output_mask left out (convolution / norm backwards): no output to allocate
+      inf.outs.push_back(Inferred::Out{Inferred::Out::kUndefined, {}, {}, c10::ScalarType::Undefined});
+      return true;
+    }
+    if (!r.is_meta()) return false;
     for (size_t i = 0; i < metas_.size(); ++i) {
       if (metas_[i].meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
         inf.outs.push_back(Inferred::Out{static_cast<int>(i), {}, {}, r.scalar_type()});
@@ -304,6 +320,7 @@ std::shared_ptr<const Inferred> verify_outputs(const c10::OperatorHandle& op, co
     if (k >= inf->outs.size()) return false;
     const Inferred::Out& o = inf->outs[k++];
     if (o.arg >= 0) return t.unsafeGetTensorImpl() == npu_args.at(static_cast<size_t>(o.arg)).unsafeGetTensorImpl();
+    if (o.arg == Inferred::Out::kUndefined) return !t.defined();
     return t.defined() && t.device().type() == kNpu && t.storage_offset() == 0 && t.scalar_type() == o.dtype &&
            t.sizes() == c10::IntArrayRef(o.sizes) && t.strides() == c10::IntArrayRef(o.strides);
   };

@@ -174,6 +174,7 @@ def test_external_event_wait_before_record_orders_streams():
     assert not event.query()
     a, b = torch.npu.Stream(), torch.npu.Stream()
     x = torch.zeros(4, device="npu")
+    torch.npu.synchronize()  # x's zero fill runs on the default stream: done before the side streams touch x
     if torch.npu.launch.is_blocking():
         # Synchronous launch: the wait would run on this thread, the only one that could record the event.
         with pytest.raises(RuntimeError, match="would block forever"):
