@@ -2,9 +2,10 @@
 """Asynchronous launch: how long a loop of 30 steps on 1024x1024 fp32 takes to *return*, relative to the
 time until its results are ready (torch.npu.synchronize), with launch on (default) and with
 ASCEND_LAUNCH_BLOCKING=1. The steps (--loop): `y = y @ w` (chain), `y = y @ w / 1024` (div) and
-`y = torch.relu(y @ w)` (relu); by default all three.
+`y = torch.relu(y @ w)` (relu), and a transformer block's training step (block: forward, backward, SGD update);
+by default all four.
 
-    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024] [--loop chain div relu]
+    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024] [--loop chain div relu block]
     python benchmarks/async_launch.py --per-op [--rounds 7] [--ops 3000]
 
 Each mode runs in its own process (the variable is read once per process); both processes are driven in
@@ -35,15 +36,51 @@ def _args(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--chain", type=int, default=30)
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--loop", nargs="+", choices=sorted(LOOPS), default=["chain", "div", "relu"])
+    ap.add_argument("--loop", nargs="+", choices=sorted(LOOPS), default=["chain", "div", "relu", "block"])
     ap.add_argument("--per-op", action="store_true", help="cost per small op (add, mm) instead of the matmul chain")
     ap.add_argument("--ops", type=int, default=3000, help="ops per timed loop (--per-op)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if "block" in args.loop and (args.size * args.size) % (256 * 256):
+        ap.error(f"--loop block runs 256-token sequences of width 256 over y: --size {args.size} squared must be a "
+                 "multiple of 65536 (e.g. 256, 512, 1024)")
+    return args
 
 
 PER_OP = {"add": lambda a, b: a + b, "mm": lambda a, b: a @ b}
-LOOPS = {"chain": lambda y, w: y @ w, "div": lambda y, w: y @ w / 1024, "relu": lambda y, w: (y @ w).relu()}
+_BLOCK = {}
+
+
+def _reset_block() -> None:
+    """A fresh transformer block from a fixed seed before each timed block loop: every round of both modes starts
+    from the same weights, so their final outputs can be compared bit for bit."""
+    import torch
+    torch.manual_seed(1)
+    _BLOCK["block"] = torch.nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0,
+                                                       batch_first=True).to("npu")
+    torch.npu.synchronize()
+
+
+def _block_step(y, w):
+    """One training step of a transformer block (d_model 256, 4 heads, batch of y's rows as 256-token sequences):
+    forward, backward and an SGD update, so the next step's output depends on every gradient (the digest of the
+    final y then covers the backward too)."""
+    import torch
+    if "block" not in _BLOCK:
+        _reset_block()
+    block = _BLOCK["block"]
+    x = y.reshape(-1, 256, 256)
+    out = block(x)
+    out.square().mean().backward()
+    with torch.no_grad():
+        for p in block.parameters():
+            p -= 1e-3 * p.grad
+            p.grad = None
+    return out.detach().reshape(y.shape)
+
+
+LOOPS = {"chain": lambda y, w: y @ w, "div": lambda y, w: y @ w / 1024, "relu": lambda y, w: (y @ w).relu(),
+         "block": _block_step}
 
 
 def per_op_worker(args) -> None:
@@ -87,6 +124,8 @@ def worker(args) -> None:
         out = {"blocking": torch.npu.launch.is_blocking()}
         for name in args.loop:
             step = LOOPS[name]
+            if name == "block":
+                _reset_block()
             torch.npu.reset_peak_memory_stats()
             t0 = time.perf_counter()
             y = w
