@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from cann_env import clear_cann_environment
+from npudist.cann import smi
 
 SCRIPT = Path(__file__).parent / "scripts" / "ray_train.py"
 TIMEOUT = 400  # s; about a minute on an idle 2-core machine (Ray's daemons, two workers importing torch)
@@ -35,6 +37,21 @@ def _npu_tracebacks(output: str) -> list[str]:
     return ours
 
 
+def _usage_records() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(smi.PREFIX)}
+
+
+def _remove_usage_records_of_killed_workers(before: set[str]) -> None:
+    """Ray ends its workers with SIGKILL, so their device usage records (/dev/shm/npudist-usage-<pid>) outlive
+    them; npu-smi's reader removes the records of processes that are gone, once the kill has landed."""
+    deadline = time.monotonic() + 5  # a record another test's live process made meanwhile stays
+    while True:
+        smi.read_processes()
+        if not (_usage_records() - before) or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_ray_detects_npus_and_trains_with_hccl(tmp_path, monkeypatch):
     pytest.importorskip("ray.train.torch", reason="ray[train] is not installed (requirements-test.txt pins it)")
@@ -43,6 +60,7 @@ def test_ray_detects_npus_and_trains_with_hccl(tmp_path, monkeypatch):
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     env = dict(os.environ, NPUDIST_DEVICE_COUNT="4")
+    records_before = _usage_records()
     proc = subprocess.Popen([sys.executable, str(SCRIPT)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -57,6 +75,7 @@ def test_ray_detects_npus_and_trains_with_hccl(tmp_path, monkeypatch):
         except ProcessLookupError:
             pass
         shutil.rmtree(ray_tmp, ignore_errors=True)
+        _remove_usage_records_of_killed_workers(records_before)
     assert proc.returncode == 0, out[-8000:]
     report = json.loads(out.split("REPORT ", 1)[1].splitlines()[0])
     assert report["npus"] == 4, report                       # ray.init() counted the devices through acl.rt
