@@ -157,7 +157,7 @@ class Fallback {
     std::vector<at::Tensor> results;  // npu tensors to return, flattened
     std::vector<bool> fresh;          // per flattened return: newly allocated
     for (const Inferred::Out& o : inf->outs) {
-      fresh.push_back(o.arg == -1);  // not an undefined return (kUndefined): it stays undefined
+      fresh.push_back(o.arg == Inferred::Out::kNew);  // an undefined return (kUndefined) stays undefined
       results.push_back(o.arg < 0 ? at::Tensor() : npu_args.at(static_cast<size_t>(o.arg)));
     }
     const std::optional<c10::OperatorHandle>& out_op = inf->out_op;

@@ -59,9 +59,10 @@ void map_argument_tensors(const c10::Argument& arg, c10::IValue& v, Fn&& fn, c10
 // What the Meta kernel inferred for one argument signature.
 struct Inferred {
   struct Out {
-    static constexpr int kUndefined = -3;
-    int arg;  // >= 0: the npu argument (in signature order) written in place; -1: new tensor; -2: a view;
-              // kUndefined: an undefined tensor (a gradient the output_mask left out)
+    static constexpr int kNew = -1;        // a new tensor, allocated at launch
+    static constexpr int kView = -2;       // a view of an argument
+    static constexpr int kUndefined = -3;  // an undefined tensor (a gradient the output_mask left out)
+    int arg;  // >= 0: the npu argument (in signature order) written in place; else one of the kinds above
     std::vector<int64_t> sizes, strides;
     c10::ScalarType dtype;
   };

@@ -227,7 +227,8 @@ class MetaInference {
     // The out= overload is a candidate when every return is a new tensor, nothing is written and no random
     // numbers are drawn (checking it would draw them again); the first call's check decides (fallback.cpp).
     if (any_new && !lists && !draws_random_ && !has_written_argument(op_.schema()) &&
-        std::all_of(inf->outs.begin(), inf->outs.end(), [](const Inferred::Out& o) { return o.arg == -1; })) {
+        std::all_of(inf->outs.begin(), inf->outs.end(),
+                    [](const Inferred::Out& o) { return o.arg == Inferred::Out::kNew; })) {
       inf->out_op = find_out_overload(op_);
     }
     inf->ok = true;
@@ -259,13 +260,13 @@ class MetaInference {
     for (const MetaArg& m : metas_) {
       if (m.meta.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
         any_view = true;
-        inf.outs.push_back(Inferred::Out{-2, {}, {}, r.scalar_type()});
+        inf.outs.push_back(Inferred::Out{Inferred::Out::kView, {}, {}, r.scalar_type()});
         return true;
       }
     }
     if (r.storage_offset() != 0 || !r.is_non_overlapping_and_dense() || r.is_conj() || r.is_neg()) return false;
     any_new = true;
-    inf.outs.push_back(Inferred::Out{-1, r.sizes().vec(), r.strides().vec(), r.scalar_type()});
+    inf.outs.push_back(Inferred::Out{Inferred::Out::kNew, r.sizes().vec(), r.strides().vec(), r.scalar_type()});
     return true;
   }
 
