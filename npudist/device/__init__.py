@@ -69,6 +69,8 @@ from npudist.device.ascend_options import *  # noqa: F401,F403
 from npudist.device.ascend_runtime import *  # noqa: F401,F403
 from npudist.device.legacy_storage import *  # noqa: F401,F403
 from npudist.device.mstx import mstx
+from npudist.device import op_dump
+from npudist.device.op_dump import finalize_dump, init_dump, set_dump  # operator data dump (docs/debugging.md)
 from npudist.device.sync_debug import *  # noqa: F401,F403
 
 
@@ -86,7 +88,7 @@ __all__ = [
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
     "set_stream", "stream", "synchronize",
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")] + ["mstx"] + [
-    n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, sync_debug, graph_task_update,
+    n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, op_dump, sync_debug, graph_task_update,
                 graph_handlers) for n in m.__all__]
 
 _registration.register(__name__)
