@@ -38,6 +38,9 @@ _NO_DATA = (FakeTensor, FunctionalTensor)   # tensors without device memory: not
 _NOT_OPERATORS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
                             "record_stream", "set_", "resize_", "_local_scalar_dense"})
 _TRANSFERS = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"})
+# hccl collectives run on the group's comm stream and their outputs are final only at Work.wait() /
+# wait_tensor, not when the op returns: copying them here would dump unfinished data.
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
 
 # CANN's data type names (aclDataType / GE's DT_*), as its dump tools print them.
 _DT = {torch.float32: "DT_FLOAT", torch.float16: "DT_FLOAT16", torch.bfloat16: "DT_BF16",
@@ -203,8 +206,8 @@ class OpDumpMode(TorchDispatchMode):
             return NotImplemented   # a tensor subclass runs the op; its inner tensors' ops come back here
         op_type, op_name, names = _names(func)
         writer = self.writer
-        if writer is None or op_type in _NOT_OPERATORS or _is_view(func) or not self.selects(names) or \
-                (op_type in _TRANSFERS and _has_host_tensor(args, kwargs)):
+        if writer is None or op_type in _NOT_OPERATORS or func.namespace in _COLLECTIVE_NAMESPACES or \
+                _is_view(func) or not self.selects(names) or (op_type in _TRANSFERS and _has_host_tensor(args, kwargs)):
             return func(*args, **kwargs)
         config = writer.config
         inputs = _inputs(func, args, kwargs)

@@ -270,3 +270,31 @@ def test_finalize_on_another_thread_is_refused(tmp_path):
     assert errors and "thread that called set_dump" in errors[0]
     assert op_dump.is_dumping()
     torch.npu.finalize_dump()
+
+
+def test_views_transfers_fake_and_collectives_are_not_dumped(tmp_path):
+    import datetime
+
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg, out = _config(tmp_path, dump_level="kernel")   # one kernel per op: the same tensors as "op"
+    dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        torch.npu.init_dump()
+        torch.npu.set_dump(cfg)
+        x = torch.arange(6.0).to("npu")       # host -> device copy: a memcpy, not an operator
+        v = x.view(2, 3).t()                  # views launch nothing
+        y = v * 2
+        dist.all_reduce(y)                    # comm-stream op, final only at Work.wait()
+        y.cpu()
+        with FakeTensorMode():
+            torch.empty(3, device="npu") + 1   # fake tensors hold no data
+        torch.npu.finalize_dump()
+    finally:
+        dist.destroy_process_group()
+    d = _device_dir(out)
+    types = {os.path.basename(f).split(".")[0] for f in glob.glob(os.path.join(d, "*.npy"))}
+    assert types == {"mul"}
+    numpy.testing.assert_array_equal(_load(d, "mul", "output", 0), (torch.arange(6.0).view(2, 3).t() * 2).numpy())
