@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from npudist import _C
 from npudist.device import core
-from npudist.device.op_dump_config import DumpConfig, DumpConfigNotFoundError, read_config
+from npudist.device.op_dump_config import DumpConfig, op_aliases, read_config
 
 __all__ = ["init_dump", "set_dump", "finalize_dump"]
 
@@ -78,8 +78,7 @@ def _names(func) -> tuple[str, str, set[str]]:
     dots, so the qualified overload ``aten.add.Tensor`` becomes the op name ``aten_add_Tensor``."""
     ns, name = func.namespace, func._schema.name.split("::")[-1]
     overload = func._overloadname or "default"
-    op_name = f"{ns}_{name}_{overload}"
-    return name, op_name, {name, op_name, f"{ns}.{name}", f"{ns}.{name}.{overload}"}
+    return name, f"{ns}_{name}_{overload}", op_aliases(ns, name, overload)
 
 
 def _is_view(func) -> bool:
@@ -147,7 +146,7 @@ class _Writer:
     def __init__(self, config: DumpConfig) -> None:
         self.config = config
         self.root = os.path.join(config.path, time.strftime("%Y%m%d%H%M%S"))
-        self.tables: dict[int, tuple] = {}   # device -> (file, csv writer)
+        self.tables: dict[int, tuple] = {}   # device -> (csv file, its writer, the device's directory)
 
     def table(self, device: int):
         entry = self.tables.get(device)
@@ -194,8 +193,9 @@ class OpDumpMode(TorchDispatchMode):
         self.task_ids = itertools.count()
         self.last_timestamp = 0
 
-    def selects(self, names: set[str]) -> bool:
-        layers = self.writer.config.layers
+    @staticmethod
+    def selects(writer: _Writer, names: set[str]) -> bool:
+        layers = writer.config.layers
         return layers is None or not layers.isdisjoint(names)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -207,7 +207,7 @@ class OpDumpMode(TorchDispatchMode):
         op_type, op_name, names = _names(func)
         writer = self.writer
         if writer is None or op_type in _NOT_OPERATORS or func.namespace in _COLLECTIVE_NAMESPACES or \
-                _is_view(func) or not self.selects(names) or (op_type in _TRANSFERS and _has_host_tensor(args, kwargs)):
+                _is_view(func) or not self.selects(writer, names) or (op_type in _TRANSFERS and _has_host_tensor(args, kwargs)):
             return func(*args, **kwargs)
         config = writer.config
         inputs = _inputs(func, args, kwargs)

@@ -146,4 +146,28 @@ def _layers(source: str, dump_list) -> frozenset[str] | None:
             raise _fail(source, f"dump_list[{i}].layer must be a non-empty list of op names, got {layer!r}")
         names.update(n.strip() for n in layer)
         restricted = True
+    if restricted:
+        known = _op_aliases()
+        unknown = sorted(n for n in names if n not in known)
+        if unknown:   # a misspelt name would select nothing and the dump would stay silently empty
+            raise _fail(source, f"dump_list layer names {unknown} name no registered op; name an op by its type "
+                                "(addmm), packet (aten.addmm), overload (aten.addmm.default) or dump file op name "
+                                "(aten_addmm_default)")
     return frozenset(names) if restricted else None
+
+
+def op_aliases(namespace: str, name: str, overload: str) -> set[str]:
+    """The names a dump_list layer may use for an op: its type, dump file op name, packet and overload."""
+    overload = overload or "default"
+    return {name, f"{namespace}_{name}_{overload}", f"{namespace}.{name}", f"{namespace}.{name}.{overload}"}
+
+
+def _op_aliases() -> set[str]:
+    import torch  # noqa: PLC0415 - the config reader itself needs no torch
+
+    known: set[str] = set()
+    for qualified in torch._C._dispatch_get_all_op_names():   # "aten::add.Tensor", "aten::addmm"
+        namespace, _, rest = qualified.partition("::")
+        name, _, overload = rest.partition(".")
+        known |= op_aliases(namespace, name, overload)
+    return known

@@ -199,6 +199,7 @@ def test_second_set_dump_overrides_first(tmp_path):
     ({"dump_data": "npy"}, "dump_data must be one of"),
     ({"dump_list": [{"layer": []}]}, "layer must be a non-empty list"),
     ({"dump_list": {"layer": ["relu"]}}, "dump_list must be a JSON list"),
+    ({"dump_list": [{"layer": ["reul", "aten.addmm"]}]}, r"layer names \['reul'\] name no registered op"),
 ])
 def test_bad_keys_raise_value_error(tmp_path, dump, message):
     cfg, _ = _config(tmp_path, **dump)
