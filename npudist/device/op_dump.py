@@ -91,15 +91,35 @@ def _npu(value) -> list[torch.Tensor]:
             if isinstance(t, torch.Tensor) and t.device.type == "npu" and not isinstance(t, _NO_DATA)]
 
 
+def _is_operator(func, op_type: str, args, kwargs) -> bool:
+    """Whether the op launches an operator on the device (what a dump records), from its name and schema."""
+    if op_type in _NOT_OPERATORS or func.namespace in _COLLECTIVE_NAMESPACES or _is_view(func):
+        return False
+    return not (op_type in _TRANSFERS and _has_host_tensor(args, kwargs))
+
+
 def _has_host_tensor(*values) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in pytree.tree_leaves(values))
 
 
+def _arguments(func, args, kwargs) -> list:
+    """(schema argument, value) pairs of a call, in schema order."""
+    by_name = {a.name: a for a in func._schema.arguments}
+    return list(zip(func._schema.arguments, args)) + [(by_name[k], v) for k, v in kwargs.items() if k in by_name]
+
+
 def _inputs(func, args, kwargs) -> list[torch.Tensor]:
     """The npu tensors an op reads, in schema order (``out=`` arguments are outputs, not inputs)."""
-    by_name = {a.name: a for a in func._schema.arguments}
-    pairs = list(zip(func._schema.arguments, args)) + [(by_name[k], v) for k, v in kwargs.items() if k in by_name]
-    return [t for arg, value in pairs if not arg.is_out for t in _npu(value)]
+    return [t for arg, value in _arguments(func, args, kwargs) if not arg.is_out for t in _npu(value)]
+
+
+def _outputs(func, args, kwargs, out) -> list[torch.Tensor]:
+    """The npu tensors an op writes: its results, or, for an in-place op that returns nothing
+    (``_foreach_mul_``), the arguments it writes."""
+    if func._schema.returns:
+        return _npu(out)
+    return [t for arg, value in _arguments(func, args, kwargs)
+            if arg.alias_info is not None and arg.alias_info.is_write for t in _npu(value)]
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -206,15 +226,14 @@ class OpDumpMode(TorchDispatchMode):
             return NotImplemented   # a tensor subclass runs the op; its inner tensors' ops come back here
         op_type, op_name, names = _names(func)
         writer = self.writer
-        if writer is None or op_type in _NOT_OPERATORS or func.namespace in _COLLECTIVE_NAMESPACES or \
-                _is_view(func) or not self.selects(writer, names) or (op_type in _TRANSFERS and _has_host_tensor(args, kwargs)):
+        if writer is None or not self.selects(writer, names) or not _is_operator(func, op_type, args, kwargs):
             return func(*args, **kwargs)
         config = writer.config
         inputs = _inputs(func, args, kwargs)
         # Inputs are read before the op runs: an in-place op overwrites them (CANN dumps inputs before the op).
         before = [_host_copy(t) for t in inputs] if config.inputs else []
         out = func(*args, **kwargs)
-        outputs = _npu(out)
+        outputs = _outputs(func, args, kwargs, out)
         if not inputs and not outputs:
             return out   # the op touches no npu memory
         after = [_host_copy(t) for t in outputs] if config.outputs else []

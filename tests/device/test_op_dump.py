@@ -95,12 +95,17 @@ def test_all_mode_in_place_op_and_backward(tmp_path):
     torch.npu.init_dump()
     torch.npu.set_dump(cfg)
     a.mul_(2.0)   # the input is dumped before the op overwrites it
+    b, c = torch.tensor([1.0, -1.0], device="npu"), torch.tensor([5.0], device="npu")
+    torch._foreach_add_([b, c], 1.0)   # returns nothing: its outputs are the tensors it writes
     (v @ w).sum().backward()   # backward ops run on the autograd engine's thread, which inherits the mode
     torch.npu.finalize_dump()
     d = _device_dir(out)
     numpy.testing.assert_array_equal(_load(d, "mul_", "input", 0), [1.0, 2.0, 3.0])
     numpy.testing.assert_array_equal(_load(d, "mul_", "output", 0), [2.0, 4.0, 6.0])
     numpy.testing.assert_array_equal(_load(d, "mm", "output", 0), [[3.5, -2.0]])
+    for slot, (old_value, new_value) in enumerate((([1.0, -1.0], [2.0, 0.0]), ([5.0], [6.0]))):
+        numpy.testing.assert_array_equal(_load(d, "_foreach_add_", "input", slot), old_value)
+        numpy.testing.assert_array_equal(_load(d, "_foreach_add_", "output", slot), new_value)
     # w.grad = v^T @ ones: the backward mm, the second mm dumped
     numpy.testing.assert_array_equal(_load(d, "mm", "output", 0, occurrence=1), w.grad.cpu().numpy())
 
