@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's set-up step: a .venv (Python 3.11) plus the standard install of npudist, nothing more.
 #   bash scripts/setup.sh          torch==2.13.0, the build tools, then `pip install --no-build-isolation -e .`
-#   bash scripts/setup.sh --test   also the test tools and the pinned test-only dependencies (requirements-test.txt)
+#   bash scripts/setup.sh --test   also the test tools, the pinned test-only dependencies (requirements-test.txt) and
+#                                  DeepSpeed's cpu_adam op for tests/ecosystem/test_deepspeed.py (built once per .venv)
 # The editable install is what `pip install -e .` gives anyone (docs/install.md): both C++ extensions, the emulated
 # CANN libraries, the pyACL .pth file, torch_npu's distribution metadata, the commands. It runs on every call and is
 # incremental (ninja rebuilds only changed files). Progress: one "[setup]" line per step, pip's download/install
@@ -90,3 +91,18 @@ if [ $status -ne 0 ]; then
 fi
 sed -nu -E 's/^ *built (npudist|torch_npu)(.*)/[setup]   built \1\2/p' "$log"
 say "npudist installed (editable) in $(( $(date +%s) - start ))s"
+if [ $with_tests = 1 ]; then
+  # DeepSpeed's cpu_adam op (tests/ecosystem/test_deepspeed.py), built by DeepSpeed's own NPU builder against the
+  # installed npudist into this environment's extension cache (the test uses the same directory): the test loads
+  # it instead of compiling it under the suite's load. ninja makes a later call a no-op until something changes.
+  start=$(date +%s)
+  say "DeepSpeed's cpu_adam op into .venv/torch_extensions (a first build takes ~2 min on 2 cores). Log: $PWD/build_deepspeed_op.log"
+  TORCH_EXTENSIONS_DIR="$PWD/.venv/torch_extensions" $VPY -c "
+import torch_npu  # noqa: F401  (DeepSpeed selects its npu accelerator when torch_npu imports)
+from deepspeed.accelerator import get_accelerator
+assert get_accelerator().device_name() == 'npu', get_accelerator().device_name()
+get_accelerator().create_op_builder('CPUAdamBuilder').load()
+" >build_deepspeed_op.log 2>&1 \
+    || { tail -n 40 build_deepspeed_op.log; say "FAILED: DeepSpeed's cpu_adam op did not build (log: $PWD/build_deepspeed_op.log)"; exit 1; }
+  say "cpu_adam ready in $(( $(date +%s) - start ))s"
+fi
