@@ -304,3 +304,22 @@ def test_views_transfers_fake_and_collectives_are_not_dumped(tmp_path):
     types = {os.path.basename(f).split(".")[0] for f in glob.glob(os.path.join(d, "*.npy"))}
     assert types == {"mul"}
     numpy.testing.assert_array_equal(_load(d, "mul", "output", 0), (torch.arange(6.0).view(2, 3).t() * 2).numpy())
+
+
+def test_device_directory_and_stream_id(tmp_path):
+    cfg, out = _config(tmp_path, dump_data="stats")
+    x = torch.tensor([3.0 + 4.0j, 0.0 + 1.0j], device="npu:1")
+    side = torch.npu.Stream(device="npu:1")
+    torch.npu.init_dump()
+    torch.npu.set_dump(cfg)
+    with torch.npu.stream(side):
+        torch.conj_physical(x)
+    torch.npu.finalize_dump()
+    (stamp,) = os.listdir(out)
+    assert os.listdir(os.path.join(out, stamp)) == ["1"]   # the device the op ran on
+    with open(os.path.join(out, stamp, "1", op_dump.STATS_FILE)) as f:
+        (row,) = list(csv.DictReader(f))
+    assert side.stream_id != 0 and int(row["Stream ID"]) == side.stream_id
+    # complex tensors: statistics of the magnitudes |3+4j| = 5, |j| = 1
+    assert (row["Data Type"], row["Data Size"], row["Max Value"], row["Min Value"], row["Avg Value"]) == \
+        ("DT_COMPLEX64", "16", "5.0", "1.0", "3.0")
