@@ -3,8 +3,11 @@
 CI runs every op in every dtype the CPU supports, in every form (function, method, in-place, out=, backward),
 each sample once on cpu and twice on npu, in both launch modes, on the first ``MAX_SAMPLES`` samples of each
 op x dtype (every sample in the forms the expected-failure list names for the op), spread over ``SHARDS`` tests
-per mode so ``-n 2 --dist loadgroup`` keeps both xdist workers busy. The long run (every sample) is
-``python -m tests.device.opinfo.run``; docs/device.md records why and the last result.
+per mode so ``-n 2 --dist loadgroup`` keeps both xdist workers busy. The ``inference`` (inside
+``torch.inference_mode()``) and ``autocast`` (under ``torch.autocast("npu")``) forms compare each npu call bit for
+bit with the same call made synchronously (task-queue level 0); to keep CI's time they run on the first sample of
+each op x dtype only (``execute.SAMPLED_SYNC_SAMPLES``; every sample where the list names them). The long run
+(every sample, every form) is ``python -m tests.device.opinfo.run``; docs/device.md records why and the last result.
 """
 import contextlib
 import os
@@ -317,16 +320,19 @@ def test_every_form_runs_twice_per_sample_and_agrees():
         return out.resize_(r.shape).copy_(r)
     op = _FakeOp(add_out, _SAMPLES, method=lambda x: x.add(1), inplace=lambda x: x.add_(1), supports_out=True)
     forms = _run(op)
-    assert set(forms) == {"function", "method", "inplace", "out", "out_resize", "backward"}
-    for form in ("function", "method", "inplace", "out", "backward"):
+    assert set(forms) == {"function", "method", "inplace", "out", "out_resize", "backward", "inference", "autocast"}
+    for form in ("function", "method", "inplace", "out", "backward", "inference", "autocast"):
         assert (forms[form]["samples"], forms[form]["calls"], forms[form]["agree"]) == (2, 4, 2), form
     # the first sample also with a wrongly-shaped out (resized with a warning on both) and an empty one
     assert (forms["out_resize"]["samples"], forms["out_resize"]["calls"], forms["out_resize"]["status"]) == \
         (1, 4, "agree")
-    # a sampled run: the first sample in every form, the rest in the forms named to go on
-    forms = _run(op, max_samples=1, more_forms=("inplace", "backward"))
+    # a sampled run: the first sample in every form, the rest in the forms named to go on; the forms checked
+    # against a synchronous run on one sample only, however many the others run
+    forms = _run(op, max_samples=1, more_forms=("inplace", "backward", "autocast"))
     assert {f: t["samples"] for f, t in forms.items()} == {"function": 2, "backward": 2, "method": 1, "inplace": 2,
-                                                            "out": 1, "out_resize": 1}
+                                                            "out": 1, "out_resize": 1, "inference": 1, "autocast": 2}
+    forms = _run(op, max_samples=2)
+    assert (forms["function"]["samples"], forms["inference"]["samples"], forms["autocast"]["samples"]) == (2, 1, 1)
 
 
 def test_a_wrong_second_call_fails_naming_the_form_and_call():
@@ -411,3 +417,67 @@ def test_draws_are_detected_and_values_compared_only_without_them():
     lazy = _run(_FakeOp(lambda x, p: x if x.device.type == "npu" else maybe_dropout(x, p), samples),
                 samples)["function"]
     assert "cpu drew from its random generator, npu drew from none" in lazy["message"]
+
+
+# -- the inference and autocast forms: each npu call against the same call made synchronously ----------------
+def _sync_level():
+    """Whether npu kernels launch synchronously here (task-queue level 0), as the op sees it."""
+    return torch.npu.get_task_queue_enable() == 0
+
+
+def test_sync_forms_run_in_their_context_against_a_synchronous_reference():
+    seen = []
+
+    def record(x):
+        if x.device.type == "npu":
+            seen.append((torch.is_inference_mode_enabled(), torch.is_autocast_enabled("npu"), x.is_inference(),
+                         _sync_level()))
+        return torch.mm(x, x.t())  # autocast casts mm to float16 on npu
+    forms = _run(_FakeOp(record, _SAMPLES[:1]))
+    assert forms["inference"]["status"] == forms["autocast"]["status"] == "agree"
+    # function: 2 calls; inference: the synchronous reference, then 2 calls in the test's (async) launch mode
+    assert seen[2:5] == [(True, False, True, True), (True, False, True, False), (True, False, True, False)]
+    assert seen[5:] == [(False, True, False, True), (False, True, False, False), (False, True, False, False)]
+    assert torch.npu.get_task_queue_enable() == 1  # restored
+
+
+def test_sync_forms_fail_where_queued_launch_differs():
+    shifted = _run(_FakeOp(lambda x: x + (0 if x.device.type == "npu" and _sync_level() else 1), _SAMPLES))
+    assert shifted["function"]["status"] == "agree"  # no synchronous call in the cpu-compared forms
+    for form in ("inference", "autocast"):
+        assert shifted[form]["status"] == "mismatch" and shifted[form]["agree"] == 0
+        assert shifted[form]["message"].startswith(f"sample 0: {form} call 1 vs the synchronous run")
+    # within assert_close's tolerance passes against cpu but not against the synchronous run: bit for bit
+    ulp = _run(_FakeOp(lambda x: x * (1 + 2 ** -20 if x.device.type == "npu" and not _sync_level() else 1),
+                       _SAMPLES))
+    assert ulp["function"]["status"] == "agree" and ulp["function"]["bitwise"] == 0
+    assert "values are close but not bitwise equal" in ulp["inference"]["message"]
+    drift = _run(_FakeOp(lambda x: x.cpu() if x.device.type == "npu" and not _sync_level() and
+                         torch.is_autocast_enabled("npu") else x * 2, _SAMPLES[:1]))["autocast"]
+    assert drift["status"] == "error" and "reference result is on npu:0 but this one is on cpu" in drift["message"]
+
+
+def test_sync_forms_compare_exceptions_and_draws():
+    def raises(x, kind):
+        raise kind("no kernel") if x.device.type == "npu" and not _sync_level() else ValueError("bad value")
+    same = _run(_FakeOp(lambda x: raises(x, ValueError), _SAMPLES[:1]))
+    assert same["inference"]["status"] == "agree" and same["inference"]["agree"] == 1  # both raise ValueError
+    other = _run(_FakeOp(lambda x: raises(x, RuntimeError), _SAMPLES[:1]))["inference"]
+    assert other["status"] == "error"
+    assert "the synchronous run raised ValueError: bad value, this run raised RuntimeError: no kernel" in \
+        other["message"]
+    # both runs start from the same seed: a call that draws gives the same values, and must draw in both
+    drawn = _run(_FakeOp(lambda x: x + torch.rand_like(x), _SAMPLES[:1]))
+    assert (drawn["inference"]["status"], drawn["inference"]["drew"]) == ("agree", 1)
+    lazy = _run(_FakeOp(lambda x: x if x.device.type == "npu" and not _sync_level() else x + torch.rand_like(x),
+                        _SAMPLES[:1]))["autocast"]
+    assert "the synchronous run drew random numbers, this run drew no random numbers" in lazy["message"]
+    scaled = _run(_FakeOp(lambda x: x + torch.rand_like(x) * (2 if _sync_level() else 1), _SAMPLES[:1]))
+    assert scaled["autocast"]["status"] == "mismatch" and "not close" in scaled["autocast"]["message"]
+
+
+def test_expected_list_names_the_sync_forms(tmp_path):
+    entries = _entries(tmp_path, "a * inference@async,autocast mismatch bug: a queued kernel differs\n")
+    assert entries["a"][0].covers("float32", "inference", "async")
+    assert not entries["a"][0].covers("float32", "inference", "blocking")
+    assert entries["a"][0].covers("float32", "autocast", "blocking")

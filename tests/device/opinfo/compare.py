@@ -10,6 +10,11 @@ import math
 
 import torch
 
+# Failure kinds of a call, from least to most severe; a form's status is its worst. ``warning``: npu warned
+# differently; ``mismatch``: a result's structure, metadata or values differ; ``error``: an exception differs
+# or a result is on the wrong device.
+AGREE, WARNING, MISMATCH, ERROR = "agree", "warning", "mismatch", "error"
+
 
 class Mismatch(Exception):
     """The npu result differs from the CPU result; ``kind`` is 'device' or 'value'."""
@@ -37,6 +42,8 @@ def compare_tensors(cpu: torch.Tensor, npu: torch.Tensor, where: str, values: bo
     """Raise Mismatch if ``npu`` does not match ``cpu``; return whether they are bitwise equal."""
     if cpu.device.type == "cpu" and npu.device.type != "npu":
         raise Mismatch("device", f"{where}: CPU result is on cpu but npu result is on {npu.device}")
+    if cpu.device.type == "npu" and npu.device != cpu.device:  # a synchronous npu run as the reference
+        raise Mismatch("device", f"{where}: the reference result is on {cpu.device} but this one is on {npu.device}")
     if cpu.dtype != npu.dtype or cpu.shape != npu.shape or cpu.layout != npu.layout:
         raise Mismatch("value", f"{where}: cpu {cpu.dtype}{tuple(cpu.shape)} {cpu.layout} vs "
                                 f"npu {npu.dtype}{tuple(npu.shape)} {npu.layout}")

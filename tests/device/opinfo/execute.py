@@ -6,7 +6,9 @@ arguments: the first npu call of an argument signature runs synchronously, later
 asynchronous launch, so the second call is where the launch path differs. Every npu call is compared with
 the cpu call (``observe``, ``compare``): exception type, result shape/dtype/device/layout, values, and
 warnings. Where the op supports autograd in that dtype, each npu call's function-form outputs are
-differentiated with the same random grad_outputs as cpu's (``backward``).
+differentiated with the same random grad_outputs as cpu's (``backward``). The ``inference`` and ``autocast``
+forms run on npu only, each call compared bit for bit with the same call made synchronously
+(``sync_reference``); in a sampled run (``max_samples`` set) they run on the first sample that reaches npu only.
 
 Random numbers: a call draws if the CPU or npu generator advanced across it (``observe``). The npu
 generator is independent of CPU's (as CUDA's is), so the values of a sample whose cpu call drew are not
@@ -19,16 +21,15 @@ import time
 import torch
 
 from . import forms as F
-from .compare import Mismatch, compare_results
+from .compare import AGREE, ERROR, MISMATCH, WARNING, Mismatch, compare_results
+from .names import SYNC_FORMS
 from .observe import SEED, compare_warnings, observe, seed
 from .samples import copy_to, mentions_npu, tensors
+from .sync_reference import run_against_sync
 
 CALLS = 2  # npu calls per sample and form
+SAMPLED_SYNC_SAMPLES = 1  # samples of the SYNC_FORMS in a sampled run (the CI budget; the long run: every sample)
 
-# Failure kinds of a call, from least to most severe; a form's status is its worst. ``warning``: npu warned
-# differently; ``mismatch``: a result's structure, metadata or values differ; ``error``: an exception differs
-# or a result is on the wrong device.
-AGREE, WARNING, MISMATCH, ERROR = "agree", "warning", "mismatch", "error"
 _RANK = {AGREE: 0, WARNING: 1, MISMATCH: 2, ERROR: 3}
 
 
@@ -128,9 +129,13 @@ def run_op_dtype(op, dtype, max_samples, progress, more_forms=()):
     seed(SEED)
     tallies = {form: FormTally() for form in F.forms_of(op, grad)}
     later = set(tallies) if "*" in more_forms else set(more_forms) & set(tallies)
-    samples = None
+    samples, sync_samples = None, 0
     for i in itertools.count():
-        active = set(tallies) if max_samples is None or i < max_samples else later
+        active = set(tallies) if max_samples is None or i < max_samples else set(later)
+        if max_samples is not None and sync_samples >= SAMPLED_SYNC_SAMPLES:
+            active -= set(SYNC_FORMS) - later
+        else:
+            active |= set(SYNC_FORMS) & set(tallies)
         if not active:
             break
         try:  # op_db's own sample code failing on CPU is not the device's fault: reported apart
@@ -143,7 +148,7 @@ def run_op_dtype(op, dtype, max_samples, progress, more_forms=()):
         except Exception as e:  # noqa: BLE001
             return {"harness_error": _short(e), "seconds": time.monotonic() - start,
                     "cpu_seconds": time.process_time() - cpu_start}
-        _run_sample(op, sample, i, tallies, progress, active)
+        sync_samples += _run_sample(op, sample, i, tallies, progress, active)
         seed(SEED + i + 1)  # the next sample does not depend on this one's draws
     counts = {form: t.as_dict() for form, t in tallies.items()}
     return {"forms": {form: c for form, c in counts.items() if c["samples"]},
@@ -152,12 +157,23 @@ def run_op_dtype(op, dtype, max_samples, progress, more_forms=()):
 
 
 def _run_sample(op, sample, i, tallies, progress, active):
-    """The ``active`` forms of one sample."""
+    """The ``active`` forms of one sample; returns whether it reached npu."""
     pristine = copy_to(F.args_of(sample), "cpu", grad=False)  # before any call can write the sample
     npu_args = [copy_to(F.args_of(sample), "npu", grad=True) for _ in range(CALLS)]
     if not mentions_npu(npu_args[0]):
-        return  # e.g. arange(2): no tensor or device argument, so the op never meets npu
+        return False  # e.g. arange(2): no tensor or device argument, so the op never meets npu
     post = _zero_values if op.has_nondeterministic_output else (lambda out: out)
+    if active - set(SYNC_FORMS):
+        _run_forms(op, sample, i, tallies, progress, active, pristine, npu_args, post)
+    for form in SYNC_FORMS:
+        if form in active:
+            run_against_sync(tallies[form], i, form, progress, lambda: F.SYNC_CALLS[form](op, pristine, "npu"),
+                             post, CALLS)
+    return True
+
+
+def _run_forms(op, sample, i, tallies, progress, active, pristine, npu_args, post):
+    """The forms compared with cpu."""
     if active & {"function", "backward"}:  # the backward differentiates the function form's calls
         reference = _run_function(op, sample, npu_args, i, tallies, progress, post, "backward" in active)
     else:

@@ -3,7 +3,8 @@
 One entry per line: ``op  dtypes  forms  status  reason``.
 - ``dtypes``: ``*`` (every dtype the op runs in) or a comma list;
 - ``forms``: ``*`` (every form the op defines) or a comma list of ``function``, ``method``, ``inplace``,
-  ``out``, ``backward``, each optionally limited to one launch mode: ``out@async``, ``function@blocking``;
+  ``out``, ``out_resize``, ``backward``, ``inference``, ``autocast`` (names.FORMS), each optionally limited to
+  one launch mode: ``out@async``, ``function@blocking``;
 - ``status``: ``random`` (samples draw from the random generator, so their values are not compared: npu's
   generator is independent of CPU's, as CUDA's is; the reason starts with ``random:``) or the failure kind
   expected (warning: npu warns differently; mismatch: a result differs; error: an exception differs or a

@@ -6,10 +6,16 @@ of the input; the result and the written input are compared, and whether the res
 pre-allocated outputs of the reference result's shape and dtype on the call's device; the result, the out
 tensors and whether the result is the out tensor are compared) and ``out_resize`` (the same on the first
 sample with a wrongly-shaped non-empty out, which PyTorch resizes with a warning, and a zero-element out,
-resized silently).
+resized silently). Those are compared with the same call on cpu.
+
+``inference`` (the function form inside ``torch.inference_mode()``, on arguments made inside it, so they are
+inference tensors) and ``autocast`` (the function form under ``torch.autocast("npu")``) run on npu only: their
+reference is the same npu call made synchronously (``execute``), as "equals blocking launch" asks, and not cpu,
+whose autocast casts to another dtype (bfloat16) than npu's (float16).
 """
 import torch
 
+from .names import SYNC_FORMS
 from .samples import copy_to
 
 RESIZE_CASES = ("wrong shape", "empty")
@@ -26,7 +32,7 @@ def forms_of(op, grad: bool) -> list:
         forms += ["out", "out_resize"]
     if grad:
         forms.append("backward")
-    return forms
+    return forms + list(SYNC_FORMS)
 
 
 def args_of(sample):
@@ -46,6 +52,30 @@ def inplace_call(op, pristine, device):
         res = op.inplace_variant(inp, *args, **kwargs)
         return res, inp, _is_same(res, inp)
     return call
+
+
+def inference_call(op, pristine, device):
+    """The function form inside ``torch.inference_mode()``, on inference tensors made for this call."""
+    with torch.inference_mode():
+        inp, args, kwargs = copy_to(pristine, device, grad=False)
+
+    def call():
+        with torch.inference_mode():
+            return op.op(inp, *args, **kwargs)
+    return call
+
+
+def autocast_call(op, pristine, device):
+    """The function form under ``torch.autocast(device)`` (its default dtype: float16 on npu)."""
+    inp, args, kwargs = copy_to(pristine, device, grad=False)
+
+    def call():
+        with torch.autocast(device):
+            return op.op(inp, *args, **kwargs)
+    return call
+
+
+SYNC_CALLS = {"inference": inference_call, "autocast": autocast_call}  # form -> its call builder
 
 
 def out_call(op, pristine, device, reference, case):

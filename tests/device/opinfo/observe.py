@@ -110,22 +110,24 @@ def observe(fn, on_npu: bool) -> Call:
     return call
 
 
-def compare_warnings(cpu: Call, npu: Call) -> str:
+def compare_warnings(cpu: Call, npu: Call, names=("cpu", "npu")) -> str:
     """'' if npu warned as cpu did (the same distinct categories and messages, on the same channel), else what
     differs. Distinct, not counted: with warn-once warnings firing always, one call may repeat a warning
-    once per internal step, and the npu takes other internal steps than cpu."""
+    once per internal step, and the npu takes other internal steps than cpu. ``names``: what the message calls
+    the reference and the compared call."""
+    ref, got = names
     cpu_w, npu_w = set(cpu.warnings), set(npu.warnings)
     if cpu_w != npu_w:
         more = [w for w in npu.warnings if w not in cpu_w]
         fewer = [w for w in cpu.warnings if w not in npu_w]
-        return "; ".join(([f"npu warned {_fmt(more)} where cpu did not"] if more else []) +
-                         ([f"npu did not warn {_fmt(fewer)} as cpu did"] if fewer else []))
+        return "; ".join(([f"{got} warned {_fmt(more)} where {ref} did not"] if more else []) +
+                         ([f"{got} did not warn {_fmt(fewer)} as {ref} did"] if fewer else []))
     more = [w for w in npu.stderr_warnings if w not in set(cpu.stderr_warnings)]
     if more:
-        return f"npu printed {len(more)} C++ warning(s) to stderr from another thread: {more[0][:160]!r}"
+        return f"{got} printed {len(more)} C++ warning(s) to stderr from another thread: {more[0][:160]!r}"
     fewer = [w for w in cpu.stderr_warnings if w not in set(npu.stderr_warnings)]
     if fewer:
-        return f"npu did not print the C++ warning cpu printed to stderr: {fewer[0][:160]!r}"
+        return f"{got} did not print the C++ warning {ref} printed to stderr: {fewer[0][:160]!r}"
     return ""
 
 

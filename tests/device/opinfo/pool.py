@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .names import MODES
+from .names import MODES, SYNC_FORMS
 
 # The device's per-process memory record (device_core/include/npudist/runtime_usage.h), unlinked by an atexit
 # handler that a worker's os._exit or a kill skips: the pool removes it when it reaps the worker.
@@ -258,7 +258,8 @@ class Pool:
             slot.stderr_pos = self._stderr_size(slot)
         elif kind == "progress":
             slot.form = msg["form"]
-            call = f"npu call {msg['call']}" if msg["call"] else "cpu call"
+            reference = "synchronous npu call" if msg["form"] in SYNC_FORMS else "cpu call"
+            call = f"npu call {msg['call']}" if msg["call"] else reference
             slot.where = f"sample {msg['sample']} ({msg['form']} {call})"
         elif kind == "pair":
             slot.done_dtypes.add(msg["dtype"])
