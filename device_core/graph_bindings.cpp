@@ -70,7 +70,10 @@ void init_bindings(pybind11::module_& m) {
       .def("pool", &Graph::pool)
       .def("debug_dump", &Graph::debug_dump)
       .def("num_tasks", &Graph::num_tasks)
-      .def("num_task_groups", &Graph::num_groups);
+      .def("num_task_groups", &Graph::num_groups)
+      .def("num_super_kernel_scopes", &Graph::num_scopes)
+      .def("super_kernel_optimize", &Graph::super_kernel_optimize, py::arg("sync_all"),
+           py::arg("fuse_event_waits"), nogil);
   m.def("_graph_copy_into_static", &copy_into_static, nogil,
         "Copy each new input into its static input unless it already is that tensor.");
   m.def("_graph_copy_out", &copy_out, nogil, "Fresh tensors holding copies of the given (static) outputs.");
@@ -78,6 +81,7 @@ void init_bindings(pybind11::module_& m) {
   m.def("_is_current_stream_capturing", [] { return capturing_graph(rt::current_device()) != nullptr; });
   init_task_group_bindings(m);
   init_external_event_bindings(m);
+  init_super_kernel_bindings(m);
 }
 
 }  // namespace npudist::graph

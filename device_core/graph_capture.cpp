@@ -147,6 +147,9 @@ void Graph::capture_begin(uint64_t pool, const std::string& mode_str) {
   capture_id_ = next_capture_id.fetch_add(1);
   groups_.clear();
   open_group_.reset();
+  scopes_.clear();
+  open_scopes_.clear();
+  super_kernel_optimized_ = false;
   state_ = State::kCapturing;
   device_ = device;
   stream_ = stream;
@@ -165,6 +168,8 @@ void Graph::capture_end() {
                "capturing stream before capture_end";
   }
   open_group_.reset();
+  if (invalid_.empty()) invalid_ = unclosed_scopes_locked();
+  open_scopes_.clear();
   if (invalid_.empty()) {
     try {
       check_storages_unchanged();
@@ -177,6 +182,7 @@ void Graph::capture_end() {
     tasks_.clear();
     storages_.clear();
     groups_.clear();
+    scopes_.clear();
     capture_id_ = 0;
     state_ = State::kEmpty;
     give_stream_back();
@@ -216,7 +222,7 @@ void Graph::replay() {
   // than the ops of a small graph). A failing task is reported at the next synchronization point.
   std::vector<std::optional<at::Generator>> forks;
   forks.reserve(tasks_.size());
-  for (const auto& t : tasks_) forks.push_back(t->reserve_random());
+  for (const auto& t : tasks_) t->reserve_leaves(forks);
   launch::enqueue(device_, "NPUGraph.replay", [tasks = tasks_, forks = std::move(forks)]() {
     t_in_queued_replay = true;
     try {
@@ -236,9 +242,12 @@ void Graph::run_tasks(const std::vector<std::shared_ptr<RecordedTask>>& tasks,
   // graph replay would never reach them).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_python(kPythonKeys);
+  size_t leaf = 0;  // forks holds one entry per leaf (a fused task has several), or none
   for (size_t i = 0; i < tasks.size(); ++i) {
+    const std::optional<at::Generator>* task_forks = leaf < forks.size() ? &forks[leaf] : nullptr;
+    leaf += tasks[i]->num_leaves();
     try {
-      tasks[i]->run(i < forks.size() && forks[i] ? &*forks[i] : nullptr);
+      tasks[i]->run_leaves(task_forks);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "NPUGraph replay: task ", i, " (", tasks[i]->describe(), ") failed: ",
                   e.what_without_backtrace());
@@ -260,6 +269,9 @@ void Graph::reset() {
   storages_.clear();
   groups_.clear();
   open_group_.reset();
+  scopes_.clear();
+  open_scopes_.clear();
+  super_kernel_optimized_ = false;
   update_.reset();  // an update in progress ends with the graph (its registry entry went above)
   capture_id_ = 0;  // handles of this capture are refused from now on
   state_ = State::kEmpty;

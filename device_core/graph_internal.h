@@ -40,6 +40,13 @@ struct RecordedTask {
   // A random op reserves its random stream (and advances the npu generator) when the replay is launched, so
   // random ops take their numbers in launch order, as eager asynchronous ops do; others return nothing.
   virtual std::optional<at::Generator> reserve_random() { return std::nullopt; }
+  // A replay's random streams, one entry per recorded kernel (leaf): a fused task (FusedTask) holds several.
+  virtual size_t num_leaves() const { return 1; }
+  virtual void reserve_leaves(std::vector<std::optional<at::Generator>>& out) { out.push_back(reserve_random()); }
+  // Runs the task; `forks`: its num_leaves() entries of what reserve_leaves gave, or null (synchronous replay).
+  virtual void run_leaves(const std::optional<at::Generator>* forks) {
+    run(forks && forks[0] ? &*forks[0] : nullptr);
+  }
   virtual std::string describe() const = 0;
   // What a task-group update compares between the captured and the re-issued tasks (the op's name).
   virtual std::string name() const = 0;
@@ -81,6 +88,22 @@ struct CopyTask final : RecordedTask {
 };
 
 using TaskList = std::vector<std::shared_ptr<RecordedTask>>;
+
+// A super kernel (NPUGraph.super_kernel_optimize, graph_super_kernel.cpp): the tasks of one super-kernel scope
+// fused into one task, one launch at replay. Its sub-kernels run in waves: the sub-kernels of a wave touch no
+// bytes another of the wave writes, and run concurrently; the fused task synchronizes (joins) between waves.
+// debug_sync_all=1 makes every sub-kernel its own wave.
+struct FusedTask final : RecordedTask {
+  std::string scope;                // the scope's name ("None" for an unnamed scope)
+  TaskList subtasks;
+  std::vector<size_t> wave_starts;  // index of each wave's first sub-kernel, ascending, starting at 0
+  size_t num_leaves() const override;
+  void reserve_leaves(std::vector<std::optional<at::Generator>>& out) override;
+  void run_leaves(const std::optional<at::Generator>* forks) override;
+  void run(const at::Generator* forked) override;
+  std::string describe() const override;
+  std::string name() const override { return "super_kernel(" + scope + ")"; }
+};
 
 // torch.npu.ExternalEvent's state (graph_external_event.cpp): a flag that record() sets and reset() clears; a
 // wait() blocks until it is set, so unlike an Event it may be waited on before it is recorded.
@@ -161,6 +184,16 @@ class Graph : public std::enable_shared_from_this<Graph> {
     return groups_.size();
   }
 
+  // Super-kernel scopes and their fusion (graph_super_kernel.cpp, docs/graphs.md "Super kernels"). `name`: the
+  // scope_name, nullopt for None.
+  void scope_begin(const std::optional<std::string>& name);
+  void scope_end(const std::optional<std::string>& name);
+  void super_kernel_optimize(bool sync_all, bool fuse_event_waits);
+  size_t num_scopes() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return scopes_.size();
+  }
+
  private:
   // Replaces the group's tasks with the update's (caller holds mu_); raises on a mismatch, leaving the graph as
   // it was.
@@ -168,6 +201,8 @@ class Graph : public std::enable_shared_from_this<Graph> {
   void rebuild_storages_locked();
   void check_storages_unchanged() const;  // caller holds mu_
   void give_stream_back();                 // caller holds mu_
+  // At capture_end (caller holds mu_): the error naming scopes left open, or "" when every scope was closed.
+  std::string unclosed_scopes_locked() const;
 
   // From capture_begin until reset (or destruction) the graph holds one stream of its device's budget: the
   // capture model's stream, as a captured aclmdlRI holds its streams until aclmdlRIDestroy.
@@ -191,6 +226,13 @@ class Graph : public std::enable_shared_from_this<Graph> {
   };
   std::vector<Group> groups_;
   std::optional<size_t> open_group_;  // tasks_.size() at graph_task_group_begin
+  // Super-kernel scopes: closed ones (tasks_[begin, end)) and those begun and not yet ended, in begin order.
+  struct Scope {
+    std::optional<std::string> name;
+    size_t begin, end;
+  };
+  std::vector<Scope> scopes_, open_scopes_;
+  bool super_kernel_optimized_ = false;
   // An update in progress: the tasks the update stream issued since graph_task_update_begin.
   struct Update {
     size_t group;
@@ -223,5 +265,6 @@ void unregister(Graph* graph);
 // Python bindings of graph_task_group.cpp and graph_external_event.cpp, called from init_bindings.
 void init_task_group_bindings(pybind11::module_& m);
 void init_external_event_bindings(pybind11::module_& m);
+void init_super_kernel_bindings(pybind11::module_& m);
 
 }  // namespace npudist::graph

@@ -71,6 +71,11 @@ bool touches(const RecordedTask& task, const void* data) {
     return false;
   }
   if (auto* copy = dynamic_cast<const CopyTask*>(&task)) return same(copy->src) || same(copy->dst);
+  if (auto* fused = dynamic_cast<const FusedTask*>(&task)) {  // a super kernel touches what its sub-kernels do
+    for (const auto& sub : fused->subtasks) {
+      if (touches(*sub, data)) return true;
+    }
+  }
   return false;
 }
 

@@ -54,6 +54,8 @@ from npudist.device.graphs import (
 from npudist.device import graph_handlers, graph_task_update
 from npudist.device.graph_task_update import *  # noqa: F401,F403  (graph_task_update.__all__)
 from npudist.device.graph_handlers import *  # noqa: F401,F403  (graph_handlers.__all__)
+from npudist.device import super_kernel
+from npudist.device.super_kernel import *  # noqa: F401,F403  (super_kernel.__all__)
 from npudist.device.amp import (
     get_amp_supported_dtype,
     is_bf16_supported,
@@ -89,7 +91,7 @@ __all__ = [
     "set_stream", "stream", "synchronize",
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")] + ["mstx"] + [
     n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, op_dump, sync_debug, graph_task_update,
-                graph_handlers) for n in m.__all__]
+                graph_handlers, super_kernel) for n in m.__all__]
 
 _registration.register(__name__)
 shallow_copy.register()

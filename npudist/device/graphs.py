@@ -14,7 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from npudist import _C
-from npudist.device import core, streams
+from npudist.device import core, streams, super_kernel
 from npudist.device.graph_handlers import _GraphDispatchMode
 
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -79,12 +79,32 @@ class NPUGraph:
         self._graph.debug_dump(str(debug_path))
 
     def num_tasks(self) -> int:
-        """How many kernels and copies a replay runs."""
+        """How many tasks (kernels, copies, event nodes, super kernels) a replay launches."""
         return self._graph.num_tasks()
 
     def num_task_groups(self) -> int:
         """How many task groups (graph_task_group_begin / _end) the current capture has."""
         return self._graph.num_task_groups()
+
+    def super_kernel_optimize(self, optimize_options=None, debug_options=None) -> None:
+        """Fuse each super-kernel scope of the capture into one task: one launch per scope at replay.
+
+        Option names and types are torch_npu's (RuntimeError for an unknown key or a wrong type). Effective here:
+        ``debug_options["debug_sync_all"]`` (non-zero: synchronize after every sub-kernel instead of letting
+        independent sub-kernels run together) and ``optimize_options["aggressive_opt_strategies"]
+        ["event_breaker_bypass"]`` (non-zero: an ExternalEvent wait inside a scope is fused instead of ending the
+        super kernel). The others tune Ascend code generation and have no effect on the emulated device
+        (docs/graphs.md, "Super kernels").
+        """
+        super_kernel.validate_options("optimize_options", optimize_options)
+        super_kernel.validate_options("debug_options", debug_options)
+        strategies = (optimize_options or {}).get("aggressive_opt_strategies", {})
+        self._graph.super_kernel_optimize(sync_all=bool((debug_options or {}).get("debug_sync_all", 0)),
+                                          fuse_event_waits=bool(strategies.get("event_breaker_bypass", 0)))
+
+    def num_super_kernel_scopes(self) -> int:
+        """How many closed super-kernel scopes the capture has that super_kernel_optimize has not fused yet."""
+        return self._graph.num_super_kernel_scopes()
 
     def update(self, cpu_update_input) -> None:
         """Re-issue the handled operator calls of an ``auto_dispatch_capture`` capture with new arguments.
