@@ -68,7 +68,7 @@ class Fallback {
       return;
     }
     // NPUGraph capture records ops on the calling thread as they run: capturing streams run synchronously.
-    if (launch::may_queue() && launch_async(begin)) return;
+    if (launch::may_queue(device_) && launch_async(begin)) return;
     launch::count_synchronous();
     launch::drain(device_);
     run_now(begin);
@@ -99,6 +99,7 @@ class Fallback {
     }
     {
       profiler::KernelScope kernel_event(op_, device_);
+      launch::BusyScope busy(device_);  // torch.npu.utilization counts kernels run on this thread too
       const auto t0 = kernel_ns ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
       call_cpu_kernel();
       if (kernel_ns) *kernel_ns = (std::chrono::steady_clock::now() - t0).count();

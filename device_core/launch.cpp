@@ -179,6 +179,7 @@ struct QueuedKernel {
   const char* op;
   void* site = nullptr;  // launch-site token (SiteHooks)
   Window* window = nullptr;
+  int device = -1;
   LaunchCost cost;
   at::ThreadLocalState state = capture_launch_state();
 };
@@ -250,6 +251,7 @@ void run_task(void* arg) {
   }
   try {
     LaunchStateGuard state(t->state);
+    BusyScope busy(t->device);
     t->kernel();
   } catch (const std::exception& e) {
     record_error(t->op, t->site && g_site.describe ? g_site.describe(t->site) : std::string(), e.what());
@@ -321,7 +323,22 @@ bool blocking() { return t_inline != 0 || env_blocking() || read_task_queue_leve
 
 std::atomic<int> g_synchronous_holds{0};
 
-bool may_queue() { return g_synchronous_holds.load(std::memory_order_relaxed) == 0 && !blocking(); }
+bool may_queue(int device) {
+  if (g_synchronous_holds.load(std::memory_order_relaxed) != 0 || blocking()) return false;
+  return !is_sync_launch_stream(rt::api().get_stream(device < 0 ? rt::current_device() : device));
+}
+
+bool is_sync_launch_stream(int64_t stream) {
+  return stream >= NPUDIST_SYNC_LAUNCH_STREAM_FIRST &&
+         stream < NPUDIST_SYNC_LAUNCH_STREAM_FIRST + NPUDIST_SYNC_LAUNCH_STREAMS;
+}
+
+int64_t sync_launch_stream(int device) {
+  rt::check_device(device);
+  static std::atomic<uint32_t> next[NPUDIST_MAX_DEVICES];
+  return NPUDIST_SYNC_LAUNCH_STREAM_FIRST + next[device].fetch_add(1, std::memory_order_relaxed) %
+                                                NPUDIST_SYNC_LAUNCH_STREAMS;
+}
 
 void hold_synchronous(int delta) { g_synchronous_holds.fetch_add(delta, std::memory_order_relaxed); }
 
@@ -421,12 +438,19 @@ void raise_queued_warnings() {
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost) {
   release_finished();
   raise_queued_warnings();
+  int64_t stream = rt::api().get_stream(device);
+  if (is_sync_launch_stream(stream)) {  // no task queue: run here, after the stream's queued work (drain)
+    drain(device);
+    BusyScope busy(device);
+    kernel();
+    return;
+  }
   auto task = std::make_unique<QueuedKernel>(std::move(kernel), op);
   if (g_site.capture) task->site = g_site.capture();
-  int64_t stream = rt::api().get_stream(device);
   Window* w = window_for(device, stream);
   if (!w->admits()) wait_half_drained(w);
   task->window = w;
+  task->device = device;
   task->cost = cost;
   auto add = [&](int sign) {
     w->inflight.fetch_add(sign, std::memory_order_acq_rel);

@@ -20,8 +20,16 @@ bool blocking();
 // holds launch synchronous: a profiler recording (its kernel events time each kernel on the calling thread) or an
 // NPUGraph capturing (capture records each op on the calling thread as it runs). Those report their sessions
 // through hold_synchronous(+1 / -1), so the state is launch's and launch depends on neither.
-bool may_queue();
+// A sync-launch stream (is_sync_launch_stream) current on `device` (-1: the current device) answers false too:
+// its kernels run on the launching thread, after the work queued on it.
+bool may_queue(int device = -1);
 void hold_synchronous(int delta);
+
+// torch.npu.SyncLaunchStream (torch_npu: "a NPU stream which doesn't enable taskqueue"): the per-stream launch
+// mode. Its ids are a fixed pool above torch's (runtime_c_api.h, NPUDIST_SYNC_LAUNCH_STREAM_FIRST), so the mode
+// is the id itself and asking costs no lookup. sync_launch_stream hands the pool out round robin, as torch's.
+bool is_sync_launch_stream(int64_t stream);
+int64_t sync_launch_stream(int device);
 
 // torch_npu's task-queue level: 0 (synchronous), 1 or 2 (queued). Blocking launch reports 0 whatever was set.
 int task_queue_level();
@@ -42,6 +50,8 @@ struct LaunchCost {
 // captured as the op path decides (npu_tensor.h, queued_cpu_alias): blocks reused in the stream's order are not
 // held at all. A kernel that throws records an error naming `op` and the Python line that launched it; the next
 // synchronization point raises it. Waits (the Python GIL released) while the stream holds queue_depth() kernels.
+// On a sync-launch stream the kernel runs here instead, once the stream ran its queued work, and its error is
+// raised at the call.
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost = {});
 
 // Make `device`'s current stream idle for a kernel that will run inline (inline_kernel_ns): true at once when
@@ -101,6 +111,30 @@ struct SiteHooks {
 // "Stream-ordered reuse"), so the count is the only bound.
 int queue_depth();
 void set_site_hooks(SiteHooks hooks);
+
+// Device busy time (launch_busy.cpp), behind torch.npu.utilization: the share of a past window during which at
+// least one kernel of the device ran, on a stream's worker or on the launching thread. busy_begin/busy_end
+// bracket each kernel; only a change of the device's running count between 0 and 1 reads the clock, and no
+// lock is taken. utilization() answers an integer percent over the window ending now: at most
+// kMaxUtilizationWindowNs back, measured in steps of kBusyBucketNs (the window starts at the first step that
+// begins inside it).
+constexpr int64_t kUtilizationWindowNs = 1000000000;  // torch.npu.utilization's sample period: 1 s
+constexpr int64_t kBusyBucketNs = int64_t{1} << 24;   // about 16.8 ms
+constexpr int64_t kMaxUtilizationWindowNs = 120 * kBusyBucketNs;
+void busy_begin(int device);
+void busy_end(int device);
+int utilization(int device, int64_t window_ns = kUtilizationWindowNs);
+
+class BusyScope {
+ public:
+  explicit BusyScope(int device) : device_(device) { busy_begin(device); }
+  ~BusyScope() { busy_end(device_); }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+
+ private:
+  int device_;
+};
 
 // How many ops took each path since the last reset (measures how much of a program runs asynchronously).
 struct Counts {

@@ -167,6 +167,12 @@ PYBIND11_MODULE(_C, m) {
     launch::after_sync();
   }));
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
+  m.attr("_SYNC_LAUNCH_STREAM_IDS") = py::make_tuple(NPUDIST_SYNC_LAUNCH_STREAM_FIRST, NPUDIST_SYNC_LAUNCH_STREAMS);
+  m.def("_sync_launch_stream", [](int d) { check_index(d); return launch::sync_launch_stream(d); },
+        "A stream id of the device's sync-launch pool (torch.npu.SyncLaunchStream; launch.h).");
+  m.def("_npu_utilization", [](int d, int64_t window_ns) { check_index(d); return launch::utilization(d, window_ns); },
+        py::arg("device"), py::arg("window_ns") = launch::kUtilizationWindowNs,
+        "Percent of the past window_ns during which a kernel of the device ran (torch.npu.utilization).");
   m.def("_default_generator", [](int d) {
     check_index(d);
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_npu_generator(d)));

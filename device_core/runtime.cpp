@@ -187,9 +187,9 @@ void mark_initialized() {
 }
 
 void check_stream(int64_t stream) {
-  if (stream < 0 || stream >= kStreamsPerDevice) {
+  if (stream < 0 || stream >= kStreamIds) {
     throw std::out_of_range("Invalid npu stream id " + std::to_string(stream) + " (valid: 0.." +
-                            std::to_string(kStreamsPerDevice - 1) + ")");
+                            std::to_string(kStreamIds - 1) + ")");
   }
 }
 
@@ -202,7 +202,8 @@ int64_t pool_stream(int device, bool high_priority) {
   return 1 + static_cast<int64_t>(i) + (high_priority ? kPoolSize : 0);
 }
 
-int stream_priority(int64_t stream) { return stream > kPoolSize ? -1 : 0; }
+// The sync-launch pool has one priority (torch_npu: getNPUStreamFromSyncLaunchPool takes none).
+int stream_priority(int64_t stream) { return stream > kPoolSize && stream < kStreamsPerDevice ? -1 : 0; }
 
 // ---------------------------------------------------------------------------------------------------
 // Waiting: spin briefly -> yield -> bounded sleep
@@ -314,7 +315,7 @@ struct StreamState {
 };
 
 // Streams are never destroyed: detached workers may still reference them at interpreter exit.
-std::atomic<StreamState*> g_streams[kMaxDevices][kStreamsPerDevice];
+std::atomic<StreamState*> g_streams[kMaxDevices][kStreamIds];
 
 StreamState* state_if_exists(int device, int64_t stream) {
   check_device(device);
@@ -426,7 +427,7 @@ void stream_synchronize(int device, int64_t stream) {
 
 void device_synchronize(int device) {
   check_device(device);
-  for (int64_t s = 0; s < kStreamsPerDevice; ++s) {
+  for (int64_t s = 0; s < kStreamIds; ++s) {
     if (g_streams[device][s].load(std::memory_order_acquire)) stream_synchronize(device, s);
   }
 }

@@ -18,7 +18,7 @@ GLUE = ["kernels.cpp", "fallback.cpp", "op_aliases.cpp", "op_schema.cpp", "op_si
         "graph_capture.h", "graph_capture.cpp", "graph_internal.h", "graph_bindings.cpp", "graph_tasks.cpp",
         "graph_task_group.cpp", "graph_external_event.cpp", "graph_super_kernel.cpp",
         "launch.h", "launch.cpp", "host_allocator.h",
-        "host_allocator.cpp"]
+        "host_allocator.cpp", "launch_busy.cpp"]
 RUNTIME = ["runtime.cpp", "runtime_memory.cpp", "runtime_c_api.cpp", "runtime_usage.cpp", "runtime_comm_buffers.cpp",
            "runtime_stream_budget.cpp", "terminate_report.cpp",
            "runtime_internal.h"]

@@ -9,6 +9,7 @@ import sys
 from npudist import env as _env
 
 from npudist.device import _registration, cuda_dtypes, kernel_queue, linear_ce_defaults, meta_warnings, shallow_copy
+from npudist.device.kernel_queue import utilization
 from npudist.device.core import (
     current_device,
     device,
@@ -27,6 +28,7 @@ from npudist.device.streams import (
     Event,
     StreamContext,
     Stream,
+    SyncLaunchStream,
     current_stream,
     default_stream,
     set_stream,
@@ -88,7 +90,7 @@ __all__ = [
     "graph", "graph_pool_handle", "init", "initial_seed", "is_available", "is_bf16_supported",
     "is_current_stream_capturing", "is_initialized", "make_graphed_callables", "manual_seed",
     "manual_seed_all", "memory", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
-    "set_stream", "stream", "synchronize",
+    "set_stream", "stream", "synchronize", "SyncLaunchStream", "utilization",
 ] + list(memory.__all__) + [n for n in compat.__all__ if not n.startswith("_")] + ["mstx"] + [
     n for m in (ascend_amp, ascend_options, ascend_runtime, legacy_storage, op_dump, sync_debug, graph_task_update,
                 graph_handlers, super_kernel) for n in m.__all__]

@@ -15,6 +15,7 @@ import os
 import sys
 
 from npudist import _C
+from npudist.device import core
 
 
 def is_blocking() -> bool:
@@ -32,6 +33,13 @@ def launch_counts() -> dict:
 
 def reset_launch_counts() -> None:
     _C._reset_launch_counts()
+
+
+def utilization(device=None) -> int:
+    """Percent (int, 0..100) of the past second during which one or more npu kernels of ``device`` (default:
+    the current device) ran, on a stream's worker or on the launching thread (torch.cuda.utilization's
+    definition with a 1 s sample period; docs/device.md, "Utilization")."""
+    return _C._npu_utilization(core._checked_index(device))
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ sanitizer, docs/debugging.md).
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
@@ -24,17 +25,8 @@ def stream_key(stream: torch.Stream) -> tuple[int, int]:
     return stream.device_index, stream.stream_id
 
 
-class Stream(torch.Stream):
-    """An npu stream. ``Stream(device=None, priority=0)``; priority < 0 selects the high-priority pool."""
-
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
-        if "stream_id" in kwargs and "device_index" in kwargs:
-            return super().__new__(cls, priority=priority, **kwargs)
-        idx = core._checked_index(device)
-        s = super().__new__(cls, device=torch.device("npu", idx), priority=priority)
-        if sync_trace.hooks:
-            sync_trace.trace("stream_create", stream_key(s))
-        return s
+class _NpuStreamBase(torch.Stream):
+    """What every npu stream class shares (torch_npu's ``_NPUStreamBase``): waits, events, synchronization."""
 
     def wait_event(self, event: torch.Event) -> None:
         """Order all later work on this stream after ``event`` (the host waits only under blocking launch)."""
@@ -72,14 +64,91 @@ class Stream(torch.Stream):
     def priority(self) -> int:
         return _C._stream_priority(self.stream_id)
 
-    def __eq__(self, o) -> bool:
-        return isinstance(o, torch.Stream) and super().__eq__(o)
+    def __ne__(self, o) -> bool:  # torch.Stream's own != compares ids only, not the subclass's __eq__
+        return not self.__eq__(o)
 
     def __hash__(self):
         return hash((self.stream_id, self.device))
 
+
+def _sync_launch_stream(device: Any) -> tuple[int, int]:
+    """(device index, stream id) of a stream of ``device``'s sync-launch pool."""
+    idx = core._checked_index(device)
+    return idx, _C._sync_launch_stream(idx)
+
+
+def _check_priority(cls: type, priority: Any) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"torch.npu.{cls.__name__}: priority must be an int, got {type(priority).__name__}")
+
+
+class Stream(_NpuStreamBase):
+    """An npu stream. ``Stream(device=None, priority=0)``; priority < 0 selects the high-priority pool.
+    ``is_sync_launch=1`` (torch_npu's keyword) takes a stream of the sync-launch pool (:class:`SyncLaunchStream`)."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs and "device_index" in kwargs:
+            return super().__new__(cls, priority=priority, **kwargs)
+        _check_priority(cls, priority)
+        if kwargs.pop("is_sync_launch", 0):
+            idx, sid = _sync_launch_stream(device)
+            s = super().__new__(cls, stream_id=sid, device_index=idx, device_type=_NPU_TYPE)
+        else:
+            idx = core._checked_index(device)
+            s = super().__new__(cls, device=torch.device("npu", idx), priority=priority)
+        if sync_trace.hooks:
+            sync_trace.trace("stream_create", stream_key(s))
+        return s
+
+    def __eq__(self, o) -> bool:
+        return isinstance(o, torch.Stream) and torch.Stream.__eq__(self, o)
+
+    __hash__ = _NpuStreamBase.__hash__
+
     def __repr__(self) -> str:
         return f"<torch.npu.Stream device={self.device} npu_stream={self.stream_id:#x}>"
+
+
+class SyncLaunchStream(_NpuStreamBase):
+    """torch_npu's stream "which doesn't enable taskqueue": every npu kernel launched while it is the current
+    stream runs on the launching thread before the call returns (so a kernel's error is raised at the call), after
+    the work queued on this stream and the events it waits for; other streams keep queueing. A fixed pool of
+    streams per device serves it (``priority`` is accepted and, as in torch_npu, not used)."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs and "device_index" in kwargs:
+            return super().__new__(cls, **kwargs)
+        _check_priority(cls, priority)
+        if kwargs:
+            raise TypeError(f"torch.npu.SyncLaunchStream: unexpected keyword argument(s) {sorted(kwargs)}")
+        idx, sid = _sync_launch_stream(device)
+        s = super().__new__(cls, stream_id=sid, device_index=idx, device_type=_NPU_TYPE)
+        if sync_trace.hooks:
+            sync_trace.trace("stream_create", stream_key(s))
+        return s
+
+    def query(self) -> bool:
+        """True when all work submitted to this stream has completed."""
+        return super().query()
+
+    def set_data_preprocess_stream(self, is_data_preprocess_stream: bool = False) -> None:
+        """torch_npu's data-preprocess property changes how its task queue hands this stream's work over; a
+        SyncLaunchStream has no task queue, so the property changes nothing here. The argument is checked."""
+        if not isinstance(is_data_preprocess_stream, bool):
+            raise TypeError("SyncLaunchStream.set_data_preprocess_stream: is_data_preprocess_stream must be a bool, "
+                            f"got {type(is_data_preprocess_stream).__name__}")
+
+    @property
+    def _as_parameter_(self):
+        return ctypes.c_void_p(self.npu_stream)
+
+    def __eq__(self, o) -> bool:
+        return isinstance(o, SyncLaunchStream) and torch.Stream.__eq__(self, o)
+
+    __hash__ = _NpuStreamBase.__hash__
+
+    def __repr__(self) -> str:
+        return f"<torch_npu.npu.SyncLaunchStream device={self.device} npu_stream={self.stream_id:#x}>"
 
 
 class Event(torch.Event):
@@ -121,8 +190,9 @@ class Event(torch.Event):
         return f"<torch.npu.Event {self.event_id:#x}>"
 
 
-def _wrap(device_index: int, stream_id: int) -> Stream:
-    return Stream(stream_id=stream_id, device_index=device_index, device_type=_NPU_TYPE)
+def _wrap(device_index: int, stream_id: int) -> Stream | SyncLaunchStream:
+    cls = SyncLaunchStream if _SYNC_FIRST <= stream_id < _SYNC_FIRST + _SYNC_COUNT else Stream
+    return cls(stream_id=stream_id, device_index=device_index, device_type=_NPU_TYPE)
 
 
 def current_stream(device: Any = None) -> Stream:
@@ -181,3 +251,5 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 
 _NPU_TYPE = 20  # c10::DeviceType::PrivateUse1, what torch.Stream.device_type reports
+# The sync-launch pool's stream ids (runtime_c_api.h). An extension built before the pool existed has none.
+_SYNC_FIRST, _SYNC_COUNT = getattr(_C, "_SYNC_LAUNCH_STREAM_IDS", (0, 0))

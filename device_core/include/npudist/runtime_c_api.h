@@ -25,6 +25,11 @@ extern "C" {
 #define NPUDIST_RUNTIME_API_VERSION 6
 #define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
 #define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
+// Stream ids NPUDIST_SYNC_LAUNCH_STREAM_FIRST .. + NPUDIST_SYNC_LAUNCH_STREAMS - 1 of every device are torch_npu's
+// sync-launch pool (torch.npu.SyncLaunchStream): the glue runs every kernel launched on one of them on the
+// launching thread, after the work queued there; to the runtime they are ordinary streams.
+#define NPUDIST_SYNC_LAUNCH_STREAM_FIRST 65
+#define NPUDIST_SYNC_LAUNCH_STREAMS 4
 
 typedef int npudist_status;
 enum {
