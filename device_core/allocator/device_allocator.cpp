@@ -141,7 +141,7 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, size_t orig_size, cons
     remaining->prev = block;
     remaining->ptr += p.size;
     remaining->size -= p.size;
-    pool->blocks.insert(remaining);
+    cache_block(pool, remaining);
     if (!block->expandable) {
       for (size_t t : types) {
         if (already_split) {
@@ -224,7 +224,7 @@ void DeviceAllocator::free_block(Block* block, const Context& ctx) {
   block->context.reset();
   block->requested_size = 0;
   block->gc_count_base = pool->get_free_blocks_call_count;
-  pool->blocks.insert(block);
+  cache_block(pool, block);
   if (block->is_split()) {
     net_blocks += 1;
     net_bytes += static_cast<int64_t>(block->size);

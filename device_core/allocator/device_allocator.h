@@ -38,6 +38,7 @@ struct Block {
   std::unordered_set<int64_t> stream_uses;  // other streams that used this block (record_stream)
   int event_count = 0;                      // outstanding markers before it may be reused
   int64_t gc_count_base = 0;                // pool's free-block searches when it became free
+  uint64_t free_seq = UINT64_MAX;           // when it entered its pool's free set (a lookup key: before all)
   Context context;
   ExpandableSegment* expandable = nullptr;
 
@@ -50,6 +51,9 @@ struct BlockCmp {
   bool operator()(const Block* a, const Block* b) const {
     if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
+    // Among equal sizes the most recently freed first: its cache lines are the likeliest still warm, which is
+    // where a queued stream's locality comes from (the host is never stalled for it).
+    if (a->free_seq != b->free_seq) return a->free_seq > b->free_seq;
     return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
   }
 };
@@ -128,6 +132,11 @@ class DeviceAllocator {
   bool segment_fits(size_t size);
   std::array<size_t, 2> stat_types(const BlockPool* pool) const;
   bool get_free_block(AllocParams& p);
+  // Puts a free block into its pool's free set, stamped as the most recently freed.
+  void cache_block(BlockPool* pool, Block* block) {
+    block->free_seq = ++free_seq_;
+    pool->blocks.insert(block);
+  }
   bool alloc_block(AllocParams& p, bool is_retry);
   bool alloc_expandable(AllocParams& p);
   ExpandableSegment* expandable_for(int64_t stream, BlockPool* pool);
@@ -178,6 +187,7 @@ class DeviceAllocator {
   std::deque<std::pair<std::shared_ptr<void>, Block*>> pending_;  // marker, block awaiting it
   size_t total_reserved_ = 0;
   uint64_t frees_ = 0;  // blocks freed by the host so far (wait_for_streams)
+  uint64_t free_seq_ = 0;  // the last Block::free_seq handed out
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_;
   HistoryOptions history_;
   std::vector<bool> skip_;  // by Action

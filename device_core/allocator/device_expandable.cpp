@@ -101,7 +101,7 @@ void DeviceAllocator::release_expandable_pages(Block* block, const Context& ctx)
     block->prev = head;
     block->ptr += start - lo;
     block->size -= start - lo;
-    pool->blocks.insert(head);
+    cache_block(pool, head);
   }
   if (hi > end) {
     Block* tail = new Block(device_, block->stream, hi - end, pool, base + end);
@@ -111,7 +111,7 @@ void DeviceAllocator::release_expandable_pages(Block* block, const Context& ctx)
     tail->prev = block;
     block->next = tail;
     block->size -= hi - end;
-    pool->blocks.insert(tail);
+    cache_block(pool, tail);
   }
   seg->region->decommit(start, end - start);
   block->mapped = false;

@@ -77,7 +77,31 @@ void test_disabling_caching_waits_for_the_streams() {
   e.a->empty_cache();
 }
 
+// Among free blocks that fit equally well, the most recently freed is handed out (its lines are the warmest);
+// a better fit still wins over recency.
+void test_most_recently_freed_first_among_equal_fits() {
+  Env e;
+  void* a = e.a->malloc(0, 4096, 0);
+  void* x = e.a->malloc(0, 4096, 0);  // keeps a and b apart, so neither merges
+  void* b = e.a->malloc(0, 4096, 0);
+  void* y = e.a->malloc(0, 4096, 0);
+  CHECK(U(a) < U(b));
+  e.a->free(a);
+  e.a->free(b);
+  void* c = e.a->malloc(0, 4096, 0);
+  CHECK_EQ(U(c), U(b));  // address order would give a
+  e.a->free(c);
+  void* z = e.a->malloc(0, 8192, 0);  // separated from y by nothing free: the remainder after it stays apart
+  void* w = e.a->malloc(0, 4096, 0);
+  e.a->free(z);  // now an 8 KiB block is the most recent; a 4 KiB request still takes a 4 KiB block
+  void* d = e.a->malloc(0, 4096, 0);
+  CHECK(U(d) == U(a) || U(d) == U(b));
+  for (void* p : {x, y, w, d}) e.a->free(p);
+  check_invariants(*e.a);
+}
+
 RegisterCoreTests reg_stream_order({
+    {"most_recently_freed_first_among_equal_fits", test_most_recently_freed_first_among_equal_fits},
     {"freed_block_serves_its_stream_at_once", test_freed_block_serves_its_stream_at_once},
     {"empty_cache_waits_for_the_streams_before_unmapping", test_empty_cache_waits_for_the_streams_before_unmapping},
     {"oom_release_waits_for_the_streams", test_oom_release_waits_for_the_streams},
