@@ -48,6 +48,9 @@ BODY_AS_RULES = {
 }
 RULES = {"cpu": "gloo", "npu": "nccl"}  # tensors -> the backend whose skip rules select the tests
 
+# s between checks in the harness's polling loops (poll_faster); the harness's own is 0.1.
+POLL_INTERVAL = 0.01
+
 # The suite gates NCCL features by NCCL's version (send/recv needs 2.7); hccl has all of them.
 NCCL_VERSION_STANDIN = (2, 7, 0)
 
@@ -169,6 +172,25 @@ def import_suite_on_npu(common_distributed, backend: str):
     return dt
 
 
+def poll_faster(dt, common_distributed, interval: float = POLL_INTERVAL):
+    """The harness's two polling loops wake every `interval` s instead of every 0.1 s: the parent's wait for
+    its ranks to exit (MultiProcessTestCase._join_processes) and the ranks' file barrier before and after each
+    test body (Barrier.sync). Each test paid up to 0.1 s at each of the three, most of a short test's time.
+    Every other sleep of the two modules (a test's own, e.g. the timeout tests') keeps its length: the
+    shortening applies to calls made from those two functions only."""
+    loops = {common_distributed.MultiProcessTestCase._join_processes.__code__, dt.Barrier.sync.__func__.__code__}
+
+    def sleep(seconds):
+        if sys._getframe(1).f_code in loops:
+            seconds = min(seconds, interval)
+        time.sleep(seconds)
+
+    harness_time = types.ModuleType("time (harness polls faster)")
+    harness_time.__getattr__ = lambda name: getattr(time, name)
+    harness_time.sleep = sleep
+    dt.time = common_distributed.time = harness_time
+
+
 def import_suite(backend: str, world_size: int, tensors: str = "cpu"):
     rules = RULES[tensors]
     os.environ["BACKEND"] = rules
@@ -184,6 +206,7 @@ def import_suite(backend: str, world_size: int, tensors: str = "cpu"):
     else:
         from torch.testing._internal.distributed import distributed_test as dt
     dt.BACKEND = backend
+    poll_faster(dt, common_distributed)
     # The suite checks the profiler events of the backends on these lists (names, counts, shapes).
     for allow in (dt.PROFILING_SUPPORTED_BACKENDS, dt.CUDA_PROFILING_SUPPORTED_BACKENDS,
                   dt.SEND_RECV_PROFILING_SUPPORTED_BACKENDS):
