@@ -288,6 +288,15 @@ void init_bindings(pybind11::module_& m) {
     core()->reset_peak_stats(d);
   });
   m.def("_npu_emptyCache", &empty_cache, nogil);
+  m.def("_npu_setFreeHook", [](py::object hook) {
+    TORCH_CHECK_TYPE(hook.is_none() || PyCallable_Check(hook.ptr()),
+                     "_npu_setFreeHook: expected a callable hook(data_ptr, stream_id) or None");
+    set_free_hook(hook.is_none() ? nullptr : hook.ptr());
+  }, py::arg("hook"));
+  m.def("_npu_freeHook", []() -> py::object {  // the hook set, or None (what tests check the free path by)
+    PyObject* hook = free_hook();
+    return hook ? py::reinterpret_borrow<py::object>(hook) : py::none();
+  });
   m.def("_npu_eraseStream", [](const at::Tensor& tensor, int64_t stream_id, int64_t device_index,
                                int64_t device_type) {
     erase_stream(tensor, c10::Stream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device_index),

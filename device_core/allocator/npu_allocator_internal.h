@@ -11,6 +11,9 @@
 
 #include "caching_allocator.h"
 
+struct _object;
+typedef _object PyObject;  // as Python.h declares it
+
 namespace npudist::memory::detail {
 
 // The core, created on first use (device configuration and PYTORCH_NPU_ALLOC_CONF are read then).
@@ -30,6 +33,11 @@ void* stream_handle(int64_t id);
 bool pluggable_active();
 // Refuses once npu memory was allocated (the caching allocator's blocks would be freed through the new functions).
 void change_current_allocator(PlugAlloc alloc_fn, PlugFree free_fn);
+
+// The deallocation hook of the stream sanitizer: raw_delete calls hook(data_ptr, stream_id) before a live block is
+// freed (stream_id: the stream whose pool it returns to). nullptr removes it. Call with the GIL held.
+void set_free_hook(PyObject* hook);
+PyObject* free_hook();  // borrowed; call with the GIL held
 
 void* raw_alloc(size_t n, int device, int64_t stream);
 void raw_delete(void* ptr);

@@ -135,6 +135,56 @@ std::atomic<PlugFree> g_plug_free{nullptr};
 std::mutex g_plug_mu;
 std::unordered_map<void*, PlugInfo> g_plug_live;
 
+// ---- the deallocation hook (the stream sanitizer, npudist/device/sync_trace.py): a Python callable called as
+// hook(data_ptr, stream_id) before a block goes back to its stream's pool. Replaced only with the GIL held, so a
+// caller holding the GIL sees a stable value; the free path reads it relaxed first, which costs nothing while no
+// hook is set (the sanitizer off).
+std::atomic<PyObject*> g_free_hook{nullptr};
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// The stream whose pool the live block at `ptr` returns to; -1 for memory that is not a live block.
+int64_t stream_of_live(void* ptr) {
+  if (g_plug_free.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(g_plug_mu);
+    if (auto it = g_plug_live.find(ptr); it != g_plug_live.end()) return it->second.stream;
+  }
+  CachingAllocator* c = g_core.load(std::memory_order_acquire);
+  return c ? c->stream_of(ptr) : -1;
+}
+
+// Called before the block is freed, outside every allocator lock (stream_of_live takes and drops its own). Frees
+// come from any thread, also during interpreter shutdown: once Python finalizes, the hook is not called (taking
+// the GIL then would block a non-main thread forever). A Python exception set on this thread (a tensor freed while
+// one propagates) is kept across the call; the hook's own errors are reported as unraisable, never thrown from a
+// deleter.
+void call_free_hook(void* ptr) {
+  const int64_t stream = stream_of_live(ptr);
+  if (stream < 0 || !Py_IsInitialized() || python_finalizing()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (PyObject* hook = g_free_hook.load(std::memory_order_acquire)) {
+    Py_INCREF(hook);  // the hook may be replaced while it runs
+    PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* r = PyObject_CallFunction(hook, "KL", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr)),
+                                        static_cast<long long>(stream));
+    if (r) {
+      Py_DECREF(r);
+    } else {
+      PyErr_WriteUnraisable(hook);
+    }
+    PyErr_Restore(type, value, tb);
+    Py_DECREF(hook);
+  }
+  PyGILState_Release(gil);
+}
+
 [[noreturn]] void rethrow_oom(const alloc::OutOfMemoryError& e) {
   TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
 }
@@ -166,8 +216,17 @@ void change_current_allocator(PlugAlloc alloc_fn, PlugFree free_fn) {
   g_plug_alloc.store(alloc_fn);
 }
 
+void set_free_hook(PyObject* hook) {
+  Py_XINCREF(hook);
+  PyObject* old = g_free_hook.exchange(hook, std::memory_order_acq_rel);
+  Py_XDECREF(old);
+}
+
+PyObject* free_hook() { return g_free_hook.load(std::memory_order_acquire); }
+
 void raw_delete(void* ptr) {
   profiler::report_free(ptr);
+  if (ptr && g_free_hook.load(std::memory_order_relaxed)) call_free_hook(ptr);
   if (g_plug_free.load(std::memory_order_acquire)) {
     PlugInfo info{};
     bool plug = false;

@@ -10,6 +10,14 @@ collectives (issued on the group's comm stream after the current stream; ``Work.
 order the waiting stream after it). An access not ordered after a conflicting access of another stream raises
 :class:`StreamSanitizerError` naming the tensor, both streams and both Python stacks.
 
+Frees are checked too (the allocator's deallocation hook, :func:`npudist.device.sync_trace.register_free_hook`):
+a block freed by the host goes back to the pool of the stream it was allocated on, whose later allocations may
+get it at once. A free is remembered when another stream accessed the storage and that access is neither covered
+by ``tensor.record_stream(that stream)`` made after it nor ordered before the allocation stream's position
+(``wait_stream``, an event, a synchronize); an op that then allocates from the same pool on that stream before
+the stream is ordered after the access raises :class:`UnsynchronizedFreeError` (FSDP2 frees such blocks and
+orders the stream before its next allocation there: no report).
+
 Ordering is logical, not timed: the emulator may run everything in order today; the report says the program
 would race on a device that overlaps streams. See docs/debugging.md for what is and is not modelled.
 
@@ -38,6 +46,8 @@ from npudist.device import sync_trace
 
 StreamKey = Any   # (device_index, stream_id) for npu streams, ("comm", group) for an hccl group's comm stream
 Clock = dict      # StreamKey -> the last sequence number of that stream this state is ordered after
+
+_SMALL_SIZE = 1 << 20   # allocations up to 1 MiB come from the small pool (device_core/allocator/alloc_config.h)
 
 # Factories taking a tensor read only its metadata (CSAN's rule).
 _FACTORY = re.compile(r"(new_.*|.*_like)")
@@ -77,10 +87,46 @@ class UnsynchronizedAccessError(Exception):
                 "or Work.wait() / wait_tensor for a collective) before the current access.")
 
 
-class StreamSanitizerError(RuntimeError):
-    """Raised after an op whose accesses race; ``errors`` lists each :class:`UnsynchronizedAccessError`."""
+@dataclass
+class _Freed:
+    """A block freed into its allocation stream's pool while accesses of other streams were not ordered before."""
+    ptr: int
+    small: bool   # the pool it returned to (a block serves allocations of its pool only)
+    owner: StreamKey
+    stack: traceback.StackSummary
+    accesses: list[Access]
 
-    def __init__(self, errors: list[UnsynchronizedAccessError]):
+
+class UnsynchronizedFreeError(Exception):
+    """The host freed a storage another stream's access is not ordered before, and its allocation stream then
+    allocated from that pool (``reuse``, which may get the block) while that access may still be to run."""
+
+    def __init__(self, freed: _Freed, previous: Access, reuse: Access):
+        super().__init__(freed, previous, reuse)
+        self.storage_ptr, self.owner, self.stack = freed.ptr, freed.owner, freed.stack
+        self.previous, self.reuse = previous, reuse
+
+    def __str__(self) -> str:
+        a, other, r = self.previous, _stream_name(self.previous.stream), self.reuse
+        what = "writing" if a.is_write else "reading"
+        args = f" (argument {', '.join(a.args)})" if a.args else ""
+        return (f"npu stream sanitizer: storage {self.storage_ptr:#x} freed while another stream may still access it\n"
+                f"Free: {_format_tensor(a.tensor)} freed by the host into the pool of {_stream_name(self.owner)}, "
+                f"with stack trace:\n{''.join(self.stack.format())}"
+                f"Access not ordered before the free: {what} it{args} in {a.op} on {other}\n"
+                f"with stack trace:\n{''.join(a.stack.format())}"
+                f"Reuse: {r.op} allocates {_format_tensor(r.tensor)} on {_stream_name(self.owner)}, which may get the "
+                f"freed block, with stack trace:\n{''.join(r.stack.format())}"
+                f"Fix: call tensor.record_stream({other}) after its use there (the allocator then keeps the block "
+                "until that stream passed that point), or order the allocation stream after that use "
+                "(wait_stream, an event record/wait, a synchronize) before it allocates again.")
+
+
+class StreamSanitizerError(RuntimeError):
+    """Raised after an op whose accesses race or that may reuse a block freed unordered; ``errors`` lists each
+    :class:`UnsynchronizedAccessError` / :class:`UnsynchronizedFreeError`."""
+
+    def __init__(self, errors: list):
         super().__init__("\n".join(str(e) for e in errors))
         self.errors = errors
 
@@ -92,7 +138,7 @@ def _stream_name(key: StreamKey) -> str:
 
 
 # Frames of the dispatch-mode machinery, left out of reports.
-_INTERNAL_FILES = (__file__, "torch/_compile.py", "torch/_dynamo/eval_frame.py")
+_INTERNAL_FILES = (__file__, sync_trace.__file__, "torch/_compile.py", "torch/_dynamo/eval_frame.py")
 
 
 def _stack() -> traceback.StackSummary:
@@ -145,8 +191,11 @@ class _Clocks:
 
 @dataclass
 class _StorageRecord:
+    device: int
+    nbytes: int
     write: Access | None = None
     reads: list[Access] = field(default_factory=list)
+    recorded: Clock = field(default_factory=dict)   # what record_stream made the allocator wait for
 
 
 class _Tracker:
@@ -159,6 +208,49 @@ class _Tracker:
         self.pending: dict[int, Clock] = {}   # storage of a functional collective's output -> completion state
         self.collectives: collections.Counter[str] = collections.Counter()   # op -> times seen on a comm stream
         self.seq = 0
+        self.freed: dict[StreamKey, list[_Freed]] = {}   # allocation stream -> its blocks freed unordered
+
+    def record_stream(self, ptr: int, stream: StreamKey) -> None:
+        """``record_stream``: the allocator keeps the block until ``stream`` passed its current position."""
+        with self.lock:
+            rec = self.storages.get(ptr)
+            if rec is not None:
+                _join(rec.recorded, self.clocks.of(stream))
+
+    def on_free(self, ptr: int, stream_id: int) -> None:
+        """The block at ``ptr`` is freed into the pool of its allocation stream ``stream_id`` (the allocator's
+        deallocation hook; any thread). Records the accesses of other streams the free is not ordered after."""
+        with self.lock:
+            self.pending.pop(ptr, None)
+            rec = self.storages.pop(ptr, None)
+            if rec is None:
+                return
+            owner = (rec.device, stream_id)
+            latest: dict[StreamKey, Access] = {}   # per stream its last access: earlier ones are ordered before it
+            for a in rec.reads + ([rec.write] if rec.write else []):
+                if a.stream != owner and a.seq > getattr(latest.get(a.stream), "seq", -1):
+                    latest[a.stream] = a
+            racy = [a for a in latest.values() if rec.recorded.get(a.stream, -1) < a.seq]
+            pending = self._unordered(owner, [_Freed(ptr, rec.nbytes <= _SMALL_SIZE, owner, None, racy)])
+            if pending:   # (the list is pruned here too: a stream that never allocates again keeps none for long)
+                pending[0].stack = _stack()
+                self.freed[owner] = self._unordered(owner, self.freed.get(owner, [])) + pending
+
+    def _unordered(self, stream: StreamKey, freed: list[_Freed]) -> list[_Freed]:
+        """``freed`` without the accesses ``stream`` is now ordered after, and without entries left with none."""
+        for f in freed:
+            f.accesses = [a for a in f.accesses if not self.clocks.ordered_after(stream, a.seq, a.stream)]
+        return [f for f in freed if f.accesses]
+
+    def _check_reuse(self, stream: StreamKey, fresh_nbytes: list[int], reuse: Access) -> list:
+        """An op on ``stream`` allocated storages of these sizes: each may get a block freed there unordered."""
+        freed = self._unordered(stream, self.freed.pop(stream, []))
+        pools = {n <= _SMALL_SIZE for n in fresh_nbytes}
+        errors = [UnsynchronizedFreeError(f, a, reuse) for f in freed if f.small in pools for a in f.accesses]
+        kept = [f for f in freed if f.small not in pools]
+        if kept:
+            self.freed[stream] = kept
+        return errors
 
     def on_trace(self, kind: str, *args) -> None:
         with self.lock:
@@ -178,9 +270,9 @@ class _Tracker:
                     if key[0] == args[0] or key[0] == "comm":
                         c.host_waits({key: clock.get(key, 0)})
 
-    def launch(self, stream: StreamKey, reads: dict, writes: dict, fresh: set[int], op: str) -> list:
-        """Record an op on ``stream`` reading/writing storages ({ptr: (tensor description, [arg names])});
-        ``fresh`` storages were allocated by this op. Returns the races found."""
+    def launch(self, stream: StreamKey, reads: dict, writes: dict, fresh: set[int], op: str, device: int) -> list:
+        """Record an op on ``stream`` reading/writing storages ({ptr: (tensor description, [arg names])}) of npu
+        ``device``; ``fresh`` storages were allocated by this op. Returns the races found."""
         with self.lock:
             self.seq += 1
             self.clocks.tick(stream, self.seq)
@@ -195,15 +287,19 @@ class _Tracker:
             for ptr in fresh:
                 self.storages.pop(ptr, None)
                 self.pending.pop(ptr, None)
+            if fresh and stream in self.freed:
+                desc, _ = writes[next(iter(fresh))]
+                errors += self._check_reuse(stream, [writes[p][0][3] for p in fresh if writes[p][0][3]],
+                                            Access(True, self.seq, stream, op, [], desc, stack))
             for ptr, (desc, names) in reads.items():
                 if ptr in writes:
                     continue
-                rec = self.storages.setdefault(ptr, _StorageRecord())
+                rec = self.storages.setdefault(ptr, _StorageRecord(device, desc[3]))
                 cur = Access(False, self.seq, stream, op, names, desc, stack)
                 check(ptr, cur, rec.write)
                 rec.reads.append(cur)
             for ptr, (desc, names) in writes.items():
-                rec = self.storages.setdefault(ptr, _StorageRecord())
+                rec = self.storages.setdefault(ptr, _StorageRecord(device, desc[3]))
                 cur = Access(True, self.seq, stream, op, names, desc, stack)
                 for prev in rec.reads or [rec.write]:
                     check(ptr, cur, prev)
@@ -212,11 +308,11 @@ class _Tracker:
 
 
 def _describe(t: torch.Tensor) -> tuple:
-    return tuple(t.shape), t.dtype, t.data_ptr()
+    return tuple(t.shape), t.dtype, t.data_ptr(), t.untyped_storage().nbytes()
 
 
 def _format_tensor(desc: tuple) -> str:
-    shape, dtype, ptr = desc
+    shape, dtype, ptr = desc[:3]
     return f"tensor(shape={shape}, dtype={dtype}, data_ptr={ptr:#x})"
 
 
@@ -353,8 +449,12 @@ class StreamSanitizerMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.aten.record_stream.default:   # allocator bookkeeping, not an access
-            return func(*args, **kwargs)
+        if func is torch.ops.aten.record_stream.default:   # allocator bookkeeping, not an access: what frees wait for
+            out = func(*args, **kwargs)
+            tensor, stream = args[0], args[1] if len(args) > 1 else kwargs["s"]
+            if tensor.device.type == "npu" and not isinstance(tensor, _NO_DATA):
+                self.tracker.record_stream(_storage_ptr(tensor), (stream.device_index, stream.stream_id))
+            return out
         if any(issubclass(t, _NO_DATA) for t in types):
             return func(*args, **kwargs)   # shape propagation (DTensor's sharding, compile tracing): no device access
         if any(t is not torch.Tensor and hasattr(t, "__tensor_flatten__") for t in types):
@@ -378,7 +478,7 @@ class StreamSanitizerMode(TorchDispatchMode):
         if ns in ("c10d", _FUNCTIONAL_NS):
             return self._launch_collective(func, args, kwargs, acc, fresh, out)
         stream = _current_stream(acc.device)
-        self._raise(self.tracker.launch(stream, acc.reads, acc.writes, fresh, str(func)))
+        self._raise(self.tracker.launch(stream, acc.reads, acc.writes, fresh, str(func), acc.device))
         if _reaches_host(func, out, args, kwargs):
             with self.tracker.lock:
                 self.tracker.clocks.host_waits(dict(self.tracker.clocks.of(stream)))
@@ -392,10 +492,13 @@ class StreamSanitizerMode(TorchDispatchMode):
         t = self.tracker
         with t.lock:   # the collective starts after the caller's stream's work so far
             t.clocks.wait(comm, dict(t.clocks.of(caller)))
-        errors = t.launch(comm, acc.reads, acc.writes, fresh, str(func))
+        errors = t.launch(comm, acc.reads, acc.writes, fresh, str(func), acc.device)
         with t.lock:
             t.collectives[str(func)] += 1
             done = dict(t.clocks.of(comm))
+            for ptr in {**acc.reads, **acc.writes}:   # hccl record_streams its tensors on the comm stream
+                if ptr in t.storages:
+                    _join(t.storages[ptr].recorded, done)
             if func.namespace == _FUNCTIONAL_NS:   # waited by wait_tensor on the output (c10d: by Work.wait)
                 for ptr in acc.writes:
                     t.pending[ptr] = done
@@ -447,13 +550,14 @@ class StreamSanitizer:
     def __init__(self) -> None:
         self.tracker = _Tracker()
         self.mode = StreamSanitizerMode(self.tracker)
-        self._remove_hook = None
+        self._remove_hooks = []
         self.enabled = False
 
     def enable(self) -> None:
         if self.enabled:
             return
-        self._remove_hook = sync_trace.register_trace_hook(self.tracker.on_trace)
+        self._remove_hooks = [sync_trace.register_trace_hook(self.tracker.on_trace),
+                              sync_trace.register_free_hook(self.tracker.on_free)]
         self.mode.__enter__()
         self.enabled = True
 
@@ -461,7 +565,8 @@ class StreamSanitizer:
         if not self.enabled:
             return
         self.mode.__exit__(None, None, None)
-        self._remove_hook()
+        for remove in self._remove_hooks:
+            remove()
         self.enabled = False
 
 

@@ -31,6 +31,7 @@ def _produce_on_side_stream():
     side.wait_stream(torch.npu.current_stream())
     with torch.npu.stream(side):
         b = a @ a  # SIDE-WRITE
+    a.record_stream(side)  # a is freed at return: its block must wait for the side stream's read
     return side, b
 
 
