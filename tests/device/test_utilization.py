@@ -13,12 +13,12 @@ WINDOW_NS = 200_000_000  # 0.2 s: a dozen busy-time buckets of ~16.8 ms
 
 
 def run_matmuls_for(seconds: float, device: int = 0) -> None:
-    """Keep the device busy: chains of 256x256 matmuls, synchronized every few so the queue stays short."""
+    """Keep the device busy: chains of 256x256 matmuls, synchronized every 32 so the queue stays short."""
     a = torch.randn(256, 256, device=f"npu:{device}") / 16
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         y = a
-        for _ in range(8):
+        for _ in range(32):
             y = y @ a
         torch.npu.synchronize(device)
 
@@ -37,10 +37,10 @@ def test_idle_device_reports_zero_once_the_window_passed():
 
 
 def test_busy_device_reports_a_high_share():
-    run_matmuls_for(0.5)
+    run_matmuls_for(0.6)
     u = _C._npu_utilization(0, 400_000_000)
     assert u >= 70, u  # the gaps are the host's synchronize calls, microseconds per ~ms of matmuls
-    assert torch.npu.utilization(0) >= 35  # the default 1 s window ends in these 0.5 s of kernels
+    assert torch.npu.utilization(0) >= 30  # the default 1 s window ends in these 0.6 s of kernels
     other = _C._npu_utilization(3, WINDOW_NS)
     assert other == 0, other  # a device's kernels are its own
 
@@ -54,7 +54,7 @@ def test_kernels_on_two_streams_count_once():
         for s in (s1, s2):
             with torch.npu.stream(s):
                 y = a
-                for _ in range(4):
+                for _ in range(16):
                     y = y @ a
         torch.npu.synchronize()
     u = _C._npu_utilization(0, WINDOW_NS)
