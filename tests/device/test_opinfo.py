@@ -441,6 +441,14 @@ def test_sync_forms_run_in_their_context_against_a_synchronous_reference():
     assert torch.npu.get_task_queue_enable() == 1  # restored
 
 
+def test_sync_forms_call_once_under_blocking_launch(monkeypatch):
+    # every call of a blocking-launch worker runs as the reference did: one call per sample checks it
+    monkeypatch.setattr(torch.npu.launch, "is_blocking", lambda: True)
+    forms = _run(_FakeOp(lambda x: x * 2, _SAMPLES))
+    assert (forms["inference"]["samples"], forms["inference"]["calls"], forms["autocast"]["calls"]) == (2, 2, 2)
+    assert forms["function"]["calls"] == 4
+
+
 def test_sync_forms_fail_where_queued_launch_differs():
     shifted = _run(_FakeOp(lambda x: x + (0 if x.device.type == "npu" and _sync_level() else 1), _SAMPLES))
     assert shifted["function"]["status"] == "agree"  # no synchronous call in the cpu-compared forms
