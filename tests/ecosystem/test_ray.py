@@ -37,17 +37,32 @@ def _npu_tracebacks(output: str) -> list[str]:
     return ours
 
 
-def _usage_records() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(smi.PREFIX)}
+def _session_pids(sid: int) -> set[int]:
+    """The processes of session ``sid`` (Ray's daemons and workers run in the driver's)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()   # after "(comm)": state ppid pgrp session ...
+        except (OSError, IndexError):
+            continue   # exited meanwhile
+        if int(fields[3]) == sid:
+            pids.add(int(entry))
+    return pids
 
 
-def _remove_usage_records_of_killed_workers(before: set[str]) -> None:
+def _remove_usage_records_of_killed_workers(pids: set[int]) -> None:
     """Ray ends its workers with SIGKILL, so their device usage records (/dev/shm/npudist-usage-<pid>) outlive
-    them; npu-smi's reader removes the records of processes that are gone, once the kill has landed."""
-    deadline = time.monotonic() + 5  # a record another test's live process made meanwhile stays
+    them; npu-smi's reader removes the records of processes that are gone (its first call: those Ray killed
+    before exiting), and of ``pids`` (the session's processes the test kills) once the kill has landed. Only
+    those are waited for: another test's live process keeps its record as long as it runs."""
+    names = {f"{smi.PREFIX}{pid}" for pid in pids}
+    deadline = time.monotonic() + 5
     while True:
         smi.read_processes()
-        if not (_usage_records() - before) or time.monotonic() > deadline:
+        if not names & set(os.listdir("/dev/shm")) or time.monotonic() > deadline:
             return
         time.sleep(0.2)
 
@@ -60,7 +75,6 @@ def test_ray_detects_npus_and_trains_with_hccl(tmp_path, monkeypatch):
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     env = dict(os.environ, NPUDIST_DEVICE_COUNT="4")
-    records_before = _usage_records()
     proc = subprocess.Popen([sys.executable, str(SCRIPT)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -70,12 +84,13 @@ def test_ray_detects_npus_and_trains_with_hccl(tmp_path, monkeypatch):
         out, _ = proc.communicate()
         pytest.fail(f"the Ray job took more than {TIMEOUT} s:\n{out[-6000:]}")
     finally:
+        left = _session_pids(proc.pid)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # anything Ray left behind in the session
         except ProcessLookupError:
             pass
         shutil.rmtree(ray_tmp, ignore_errors=True)
-        _remove_usage_records_of_killed_workers(records_before)
+        _remove_usage_records_of_killed_workers(left)
     assert proc.returncode == 0, out[-8000:]
     report = json.loads(out.split("REPORT ", 1)[1].splitlines()[0])
     assert report["npus"] == 4, report                       # ray.init() counted the devices through acl.rt
