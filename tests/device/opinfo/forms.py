@@ -10,7 +10,7 @@ resized silently). Those are compared with the same call on cpu.
 
 ``inference`` (the function form inside ``torch.inference_mode()``, on arguments made inside it, so they are
 inference tensors) and ``autocast`` (the function form under ``torch.autocast("npu")``) run on npu only: their
-reference is the same npu call made synchronously (``execute``), as "equals blocking launch" asks, and not cpu,
+reference is the same npu call made synchronously (``sync_reference``), as "equals blocking launch" asks, not cpu,
 whose autocast casts to another dtype (bfloat16) than npu's (float16).
 """
 import torch
