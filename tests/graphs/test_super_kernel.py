@@ -90,6 +90,26 @@ def test_debug_sync_all_synchronizes_after_every_sub_kernel(tmp_path, sync_all):
     assert all(torch.equal(o.cpu(), e.cpu()) for o, e in zip(outs, _independent(*statics)))
 
 
+def test_an_in_place_write_waits_for_the_reads_before_it(tmp_path):
+    x, w, _ = _inputs()
+    x0 = x.clone()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        torch.npu.super_kernel_scope_begin("hazard")
+        a = torch.sin(x)
+        x.mul_(2)                      # writes what sin read: a later wave
+        b = torch.cos(w)               # independent: joins mul_'s wave
+        c = a + x                      # reads both: the wave after
+        torch.npu.super_kernel_scope_end("hazard")
+    g.super_kernel_optimize()
+    assert re.search(r"4 sub-kernels, 3 waves", _dump(g, tmp_path))
+    for _ in range(2):
+        x.copy_(x0)
+        g.replay()
+        assert torch.equal(a.cpu(), x0.sin().cpu()) and torch.equal(x.cpu(), (x0 * 2).cpu())
+        assert torch.equal(b.cpu(), w.cos().cpu()) and torch.equal(c.cpu(), (x0.sin() + x0 * 2).cpu())
+
+
 def test_random_ops_in_a_scope_draw_like_eager():
     x = torch.zeros(64, device="npu")
 
