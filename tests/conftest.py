@@ -17,7 +17,7 @@ LONG_FIRST = (
     "tests/hccl/test_dist_suite.py",
     "tests/hccl/test_soak.py",
     "tests/launch/",
-    "tests/ecosystem/test_deepspeed.py",   # a first run compiles DeepSpeed's cpu_adam op
+    "tests/ecosystem/test_deepspeed.py",   # two ranks importing DeepSpeed (setup.sh --test prebuilds cpu_adam)
     "tests/ecosystem/test_ray.py",
 )
 
