@@ -51,6 +51,22 @@ TINY = textwrap.dedent('''
 ''')
 
 
+# The list check's two directions need one test that passes and one that fails, not FSDP2's harness (whose
+# tests spawn a process per rank that imports torch again): a plain unittest file gives the runner the same
+# junit outcomes at the cost of one pytest process.
+PLAIN = textwrap.dedent('''
+    import unittest
+
+
+    class TestPlain(unittest.TestCase):
+        def test_passes(self):
+            self.assertEqual(1 + 1, 2)
+
+        def test_fails(self):
+            self.assertEqual(1, 5)
+''')
+
+
 def _run(tmp_path, expected_lines, files):
     expected = tmp_path / "expected.txt"
     expected.write_text("".join(line + "\n" for line in expected_lines))
@@ -80,10 +96,15 @@ def test_runner_on_a_pytorch_style_tree(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     # unlisted failure and a listed test that passes: both reported, the run fails
-    proc, _ = _run(tmp_path, [f"{ok}  # claimed to fail", f"{broken}  # imports a missing name"], [tiny, broken])
+    (fsdp / "test_plain.py").write_text(PLAIN)
+    plain = f"{FSDP_DIR}/test_plain.py"
+    passes, fails = f"{plain}::TestPlain::test_passes", f"{plain}::TestPlain::test_fails"
+    proc, results = _run(tmp_path, [f"{passes}  # claimed to fail", f"{broken}  # imports a missing name"],
+                         [plain, broken])
+    assert results[passes]["outcome"] == "passed" and results[fails]["outcome"] == "failed", results
     assert proc.returncode == 1
     assert f"not listed in expected_failures.txt: {fails}" in proc.stdout
-    assert f"stale: {ok} is listed but did not fail" in proc.stdout
+    assert f"stale: {passes} is listed but did not fail" in proc.stdout
 
 
 def test_expected_list_needs_a_reason_per_line(tmp_path):
