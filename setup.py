@@ -95,7 +95,7 @@ def _extensions():
         _write_structured_delegates()
         exts.append(CppExtension(
             "npudist._C",
-            _sources("device_core/*.cpp", "device_core/allocator/*.cpp"),
+            _sources("device_core/*.cpp", "device_core/*/*.cpp"),
             include_dirs=[os.path.join(HERE, "device_core/include"), os.path.join(HERE, "device_core"), GENERATED]
             + _kineto_include(),
             # USE_KINETO: torch's privateuse1_profiler.h (the npu activity source) is guarded by it.

@@ -1,6 +1,6 @@
 """What the npu profiler hooks cost when no profiler is active: this build against a baseline build.
 
-The hooks (device_core/profiler.h: one relaxed atomic load per kernel, copy and collective, a
+The hooks (device_core/profiler/profiler.h: one relaxed atomic load per kernel, copy and collective, a
 thread-local check per allocation) cannot be switched off inside one build, so the baseline is another
 build of npudist without them (e.g. main's checkout): `--baseline DIR` is put first on PYTHONPATH of the
 baseline's runs. Both sides run the same tiny npu ops (where a fixed per-op cost shows most) in fresh

@@ -9,9 +9,9 @@
 
 #include <stdexcept>
 
-#include "graph_capture.h"
+#include "graph/graph_capture.h"
 #include "allocator/npu_allocator.h"
-#include "launch.h"
+#include "launch/launch.h"
 #include "npu_runtime.h"
 
 namespace npudist {

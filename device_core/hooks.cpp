@@ -16,8 +16,8 @@
 #include <mutex>
 
 #include "allocator/npu_allocator.h"
-#include "host_allocator.h"
-#include "launch.h"
+#include "allocator/host_allocator.h"
+#include "launch/launch.h"
 #include "npu_tensor.h"
 
 namespace npudist {

@@ -6,11 +6,11 @@
 #include <frameobject.h>
 
 #include "allocator/npu_allocator.h"
-#include "graph_capture.h"
-#include "launch.h"
-#include "op_path.h"
+#include "graph/graph_capture.h"
+#include "launch/launch.h"
+#include "op_path/op_path.h"
 #include "npu_tensor.h"
-#include "profiler.h"
+#include "profiler/profiler.h"
 
 namespace npudist {
 void register_hooks();  // hooks.cpp

@@ -1,4 +1,5 @@
 // Helpers shared by the npu kernels, the zero-copy fallback and the hooks (ATen-level, device_core-internal).
+// Each declaration names the file that defines it.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/core/GeneratorImpl.h>
@@ -29,9 +30,10 @@ class DeviceScope {
   int prev_;
 };
 
-// Index of an npu device argument, or the current device when the index is absent. Validated.
+// Index of an npu device argument, or the current device when the index is absent. Validated (aten/kernels.cpp).
 int resolve_device_index(std::optional<c10::Device> device);
 
+// ---- CPU aliases and adoption (op_path/op_aliases.cpp).
 // A CPU tensor over exactly the bytes of npu tensor `t` (same sizes, strides, offset, dtype, conj/neg
 // bits). Its storage keeps t's storage alive. When `storage_alias` is given, reuse it (several arguments
 // on one npu storage must share one CPU storage, or storage-identity checks in CPU kernels break).
@@ -47,23 +49,20 @@ c10::Storage cpu_storage_view(void* data, size_t nbytes);
 c10::Storage queued_storage_alias(c10::StorageImpl* npu_storage, int64_t stream);
 at::Tensor queued_cpu_alias(const at::Tensor& t, int64_t stream);
 
-// Copy between npu tensors or between npu and CPU tensors with the CPU copy kernel over cpu_alias views
-// (any strides, dtype conversion, conj/neg bits). Other devices are an error naming them.
-void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking);
-// The value of a one-element npu tensor (.item()).
-c10::Scalar read_scalar(const at::Tensor& t);
-
 // A tensor of dispatch key `key` over `storage` with the geometry (sizes, strides, offset, dtype, conj/neg
 // bits) of `geometry_like`.
 at::Tensor tensor_over(c10::Storage storage, c10::DispatchKey key, const at::Tensor& geometry_like);
 // An npu tensor over `storage` (which must already be an npu storage) with the given geometry.
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& geometry_like);
 
-// Storage resize on npu: new bytes from the npu allocator, old content kept up to min(old, new).
+// Storage resize on npu (hooks.cpp): new bytes from the npu allocator, old content kept up to min(old, new).
 void resize_npu_storage(c10::StorageImpl* storage, size_t nbytes);
+// aten::resize_ on an npu tensor (aten/kernels.cpp): sizes set, storage grown through resize_npu_storage.
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> memory_format);
 
-// Adopting CPU-kernel outputs (fallback.cpp): while an AdoptScope is active on a thread, the CPU
-// allocator hands out npu-allocator memory (tagged CPU) so that outputs can be re-tagged as npu.
+// Adopting CPU-kernel outputs (op_path/op_aliases.cpp, for op_path/fallback.cpp): while an AdoptScope is
+// active on a thread, the CPU allocator hands out npu-allocator memory (tagged CPU) so that outputs can be
+// re-tagged as npu.
 class AdoptScope {
  public:
   explicit AdoptScope(int device);
@@ -78,7 +77,7 @@ class AdoptScope {
   size_t prev_size_;
 };
 void install_cpu_allocator_wrapper();
-// Route ops that have a CPU kernel and a composite decomposition to the CPU kernel (fallback.cpp).
+// Route ops that have a CPU kernel and a composite decomposition to the CPU kernel (op_path/op_redirects.cpp).
 size_t register_cpu_kernel_redirects();
 
 // Convert a storage produced by a CPU kernel into an npu storage on `device`: re-tag it if its bytes

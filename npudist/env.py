@@ -24,7 +24,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 BOOL_FORM = "1/0, true/false, yes/no or on/off"
 
-# The runtime's size syntax (device_core/runtime.cpp parse_size): case-sensitive units.
+# The runtime's size syntax (device_core/runtime/runtime.cpp parse_size): case-sensitive units.
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 1 << 10,
                "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 SIZE_FORM = "a positive size such as 16GiB, 512MiB, 1GB or a byte count"
@@ -151,7 +151,7 @@ def _spell_present(value: bool) -> str | None:
 
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
-    # The device runtime (device_core/runtime.cpp, launch.cpp, runtime_memory.cpp, allocator).
+    # The device runtime (device_core/runtime/runtime.cpp, launch.cpp, runtime_memory.cpp, allocator).
     _int("NPUDIST_DEVICE_COUNT", "device", "a device count", 8, 0, MAX_DEVICES, "devices"),
     Variable("ASCEND_RT_VISIBLE_DEVICES", "device", "a device list",
              "comma-separated distinct device ids such as 0,2,3 (each below NPUDIST_DEVICE_COUNT); empty = no "

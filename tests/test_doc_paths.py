@@ -1,7 +1,7 @@
 """Every repository file or folder the docs name exists.
 
 A path counts when it is written in backticks or as a Markdown link target and starts with one of the
-repository's top-level folders (``device_core/launch.cpp``, ``docs/hccl.md``). A C++ include name
+repository's top-level folders (``device_core/launch/launch.cpp``, ``docs/hccl.md``). A C++ include name
 (``npudist/runtime_c_api.h``) also resolves through the include folders the extensions are built with.
 Globs, placeholders (``<N>``) and elisions (``...``) are not paths.
 """

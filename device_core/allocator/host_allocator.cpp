@@ -8,7 +8,7 @@
 // Pinned memory is ordinary page-aligned host memory here (posix_memalign): the emulated device reads host
 // memory directly, where a real runtime would page-lock it (aclrtMallocHost) for DMA. Its bytes never count
 // against an npu device's capacity.
-#include "host_allocator.h"
+#include "allocator/host_allocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <torch/extension.h>

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <thread>
 
-#include "host_allocator.h"
-#include "launch.h"
+#include "allocator/host_allocator.h"
+#include "launch/launch.h"
 #include "npu_allocator.h"
 #include "npu_allocator_internal.h"
 #include "npu_runtime.h"

@@ -18,10 +18,10 @@
 #include <unordered_map>
 
 #include "caching_allocator.h"
-#include "launch.h"
+#include "launch/launch.h"
 #include "npu_runtime.h"
 #include "npu_tensor.h"
-#include "profiler.h"
+#include "profiler/profiler.h"
 
 // Exported by libtorch_python (torch/csrc/profiler/python/combined_traceback.h, whose header needs
 // nlohmann/json.hpp, which torch wheels do not ship).

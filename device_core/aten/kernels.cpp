@@ -13,9 +13,9 @@
 #include <torch/library.h>
 
 #include "allocator/npu_allocator.h"
-#include "graph_capture.h"
+#include "graph/graph_capture.h"
 #include "npu_tensor.h"
-#include "profiler.h"
+#include "profiler/profiler.h"
 
 namespace npudist {
 
@@ -56,8 +56,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                                            c10::dtype_or_default(dtype));
 }
 
+}  // namespace
+
 // Grow the storage (never shrink, like CPU/CUDA) so that the tensor's current geometry fits.
-void ensure_storage_fits(const at::Tensor& self) {
+static void ensure_storage_fits(const at::Tensor& self) {
   size_t need = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
                                                  self.storage_offset());
   c10::StorageImpl* s = self.storage().unsafeGetStorageImpl();
@@ -77,6 +79,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
+namespace {
+
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
                       std::optional<int64_t> storage_offset) {
   return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
@@ -86,28 +90,6 @@ at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::nati
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
-}
-
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  if (graph::any_capture_active()) graph::on_copy(self, dst, non_blocking);  // NPUGraph: record or refuse
-  profiler::CopyScope copy_event(self, dst);
-  copy_through_cpu(self, dst, non_blocking);
-  return dst;
-}
-
-at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  if (dst.sizes() != self.sizes()) {
-    if (dst.device().type() == kNpu) resize_(dst, self.sizes(), std::nullopt);
-    else dst.resize_(self.sizes());
-  }
-  return copy_from(self, dst, false);
-}
-
-c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  if (graph::any_capture_active()) {
-    graph::check_not_capturing("Reading an npu tensor on the host (.item(), aten::_local_scalar_dense)");
-  }
-  return read_scalar(self);
 }
 
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
@@ -219,9 +201,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(as_strided));
   m.impl("view", TORCH_FN(view));
   m.impl("_reshape_alias", TORCH_FN(reshape_alias));
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
   m.impl("set_.source_Storage", TORCH_FN(set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));

@@ -2,8 +2,8 @@
 // (graph_internal.h).
 #include <torch/extension.h>
 
-#include "graph_internal.h"
-#include "launch.h"
+#include "graph/graph_internal.h"
+#include "launch/launch.h"
 #include "npu_tensor.h"
 
 namespace npudist::graph {

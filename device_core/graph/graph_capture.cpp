@@ -1,7 +1,7 @@
 // NPUGraph: the capture registry, capture / replay / reset of a Graph, and the op and copy hooks
 // (graph_capture.h, graph_internal.h, docs/graphs.md).
-#include "graph_internal.h"
-#include "launch.h"
+#include "graph/graph_internal.h"
+#include "launch/launch.h"
 
 #include <ATen/core/stack.h>
 #include <ATen/record_function.h>

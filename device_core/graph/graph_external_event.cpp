@@ -4,8 +4,8 @@
 // stream's order (queued behind the stream's work, or at once when launches are synchronous).
 #include <torch/extension.h>
 
-#include "graph_internal.h"
-#include "launch.h"
+#include "graph/graph_internal.h"
+#include "launch/launch.h"
 #include "npu_tensor.h"
 
 namespace npudist::graph {

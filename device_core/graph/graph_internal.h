@@ -1,7 +1,7 @@
 // NPUGraph internals shared by the graph_*.cpp files (not part of graph_capture.h's hook interface): the recorded
 // tasks, the Graph, and the registry of captures in progress. Includes torch headers; the hook header does not.
 #pragma once
-#include "graph_capture.h"
+#include "graph/graph_capture.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

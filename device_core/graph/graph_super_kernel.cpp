@@ -11,7 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "graph_internal.h"
+#include "graph/graph_internal.h"
 #include "npu_tensor.h"
 
 namespace npudist::graph {

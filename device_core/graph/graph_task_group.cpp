@@ -9,7 +9,7 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "graph_internal.h"
+#include "graph/graph_internal.h"
 #include "npu_tensor.h"
 
 namespace npudist::graph {

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "graph_internal.h"
+#include "graph/graph_internal.h"
 #include "npu_tensor.h"
 
 namespace npudist::graph {

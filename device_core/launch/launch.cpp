@@ -1,6 +1,6 @@
 // Asynchronous kernel launch: kernels as host functions on the runtime's per-stream queues, errors
 // carried to the next synchronization point, the worker's thread-local state taken from the launcher.
-#include "launch.h"
+#include "launch/launch.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/SavedTensorHooks.h>
@@ -377,6 +377,9 @@ int64_t inline_kernel_ns() {
   return value;
 }
 
+namespace {
+
+// Whether `device`'s current stream is idle, or becomes so within the learnt time of the candidates queued there.
 bool idle_for_inline(int device) {
   const int64_t stream = rt::api().get_stream(device);
   auto idle = [&] { return rt::api().stream_query(device, stream) == 1; };
@@ -398,6 +401,16 @@ bool idle_for_inline(int device) {
   while (!(done = idle()) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
   if (g_site.block_end) g_site.block_end(token);
   return done;
+}
+
+}  // namespace
+
+bool take_inline(int device, bool candidate) {
+  if (!candidate || !idle_for_inline(device)) return false;
+  count_inline();
+  release_finished();
+  raise_queued_warnings();
+  return true;
 }
 
 bool release_finished() {

@@ -40,7 +40,7 @@ void set_task_queue_level(int level);
 const NpudistLaunchApi* c_api();
 
 // What the launch path knows of a kernel before it runs: whether it would run inline on an idle stream, and then
-// its learnt time on the worker (what an inline launch behind it waits for, idle_for_inline).
+// its learnt time on the worker (what an inline launch behind it waits for, take_inline).
 struct LaunchCost {
   int64_t inline_ns = -1;  // a kernel that would run inline on an idle stream: its learnt CPU time; else -1
 };
@@ -54,14 +54,17 @@ struct LaunchCost {
 // raised at the call.
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost = {});
 
-// Make `device`'s current stream idle for a kernel that will run inline (inline_kernel_ns): true at once when
-// it is. When everything queued there is kernels that would run inline too, waits for them (the Python GIL
-// released after a short spin; at most their learnt times summed plus 20 us) and returns true
-// once the stream is idle. Else false: the kernel is queued. Why wait: a host that got ahead of the worker
-// (while a signature was being sampled, or behind one larger kernel) would otherwise stay ahead, since the
-// worker takes longer per tiny kernel than the host, and every later tiny kernel would pay the hand-off.
-// Raises nothing: a recorded kernel error stays for the next synchronization point.
-bool idle_for_inline(int device);
+// The inline-or-enqueue decision for a kernel the caller found cheaper than its hand-off (`candidate`: it touches at
+// most kInlineBytes and its inline run took less than inline_kernel_ns(); op_path.h, KernelCost). True: run it
+// on the calling thread now; the stream is idle, and what an inline run does first is done (counted, finished
+// kernels released, their warnings raised), so it then behaves as under blocking launch: a failure raises at
+// the call. False: enqueue it. A candidate waits for a stream whose queued work is only other candidates
+// (the Python GIL released after a short spin; at most their learnt times summed plus 20 us). Why wait: a host
+// that got ahead of the worker (while a signature was being sampled, or behind one larger kernel) would
+// otherwise stay ahead, since the worker takes longer per tiny kernel than the host, and every later tiny
+// kernel would pay the hand-off. Raises only a queued kernel's warning; a recorded kernel error stays for the
+// next synchronization point.
+bool take_inline(int device, bool candidate);
 
 // A kernel that touches at most kInlineBytes and whose run on the launching thread took less than
 // inline_kernel_ns() (op_path.h, KernelCost) runs there when its stream is idle instead of being queued

@@ -3,7 +3,7 @@
 // threads at once, so the busy time is the union of their run times: a busy period starts when the device's
 // running count goes 0 -> 1 and ends when it goes back to 0, and only those two transitions read the clock.
 // Lock-free: launching threads pay this per kernel (benchmarks/async_launch.py measures the tiny-op cost).
-#include "launch.h"
+#include "launch/launch.h"
 
 #include <algorithm>
 #include <atomic>

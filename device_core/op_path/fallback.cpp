@@ -22,12 +22,12 @@
 #include <vector>
 
 #include "allocator/npu_allocator.h"
-#include "graph_capture.h"
-#include "launch.h"
+#include "graph/graph_capture.h"
+#include "launch/launch.h"
 #include "npu_tensor.h"
-#include "op_path.h"
-#include "profiler.h"
-#include "warning_probe.h"
+#include "op_path/op_path.h"
+#include "profiler/profiler.h"
+#include "op_path/warning_probe.h"
 
 namespace npudist::op_path {
 namespace {
@@ -142,10 +142,8 @@ class Fallback {
     // A kernel cheaper than its hand-off to the worker runs here when the stream is idle (launch.h,
     // inline_kernel_ns). It then behaves as under blocking launch: a failure raises at the call.
     Inferred::KernelCost& kc = *inf->kernel_cost;
-    if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns()) && launch::idle_for_inline(device_)) {
-      launch::count_inline();
-      launch::release_finished();
-      launch::raise_queued_warnings();
+    const bool inline_candidate = kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns());
+    if (launch::take_inline(device_, inline_candidate)) {
       if (!kc.timing_inline()) {
         run_now(begin);
         return true;
@@ -206,11 +204,9 @@ class Fallback {
     std::vector<c10::IValue> keep(call.begin(), call.end());
     if (out_op) call.reserve(call.size() + outs.size());  // the worker appends the outputs without reallocating
     // The first launches of a signature are timed on the worker (Inferred::KernelCost): how long a kernel that
-    // may run inline takes there is what an inline launch waits for (launch::idle_for_inline).
+    // may run inline takes there is what an inline launch waits for (launch::take_inline).
     launch::LaunchCost cost;
-    if (kc.runs_inline(launch::kInlineBytes, launch::inline_kernel_ns())) {
-      cost.inline_ns = kc.fastest_ns.load(std::memory_order_relaxed);  // what it takes on the worker
-    }
+    if (inline_candidate) cost.inline_ns = kc.fastest_ns.load(std::memory_order_relaxed);  // its time on the worker
     std::shared_ptr<Inferred::KernelCost> sampled;
     int64_t touched = 0;
     if (inf->kernel_cost->sampling()) {

@@ -15,8 +15,6 @@
 #include <vector>
 
 #include "allocator/npu_allocator.h"
-#include "host_allocator.h"
-#include "launch.h"
 #include "npu_tensor.h"
 
 namespace npudist {
@@ -117,61 +115,6 @@ at::Tensor tensor_over(c10::Storage storage, c10::DispatchKey key, const at::Ten
 at::Tensor cpu_alias(const at::Tensor& t, const c10::Storage* storage_alias) {
   c10::Storage storage = storage_alias ? *storage_alias : cpu_storage_alias(t.storage().unsafeGetStorageImpl());
   return tensor_over(std::move(storage), c10::DispatchKey::CPU, t);
-}
-
-namespace {
-at::Tensor as_cpu(const at::Tensor& t, const char* what) {
-  if (t.device().type() == kNpu) return cpu_alias(t);
-  TORCH_CHECK(t.device().is_cpu(), "copy between npu and ", t.device(), " is not supported (", what, ")");
-  return t;
-}
-// As as_cpu, for a copy queued on `stream`: the npu side as a kernel queued there sees it (queued_cpu_alias).
-at::Tensor as_queued_cpu(const at::Tensor& t, int64_t stream, const char* what) {
-  return t.device().type() == kNpu ? queued_cpu_alias(t, stream) : as_cpu(t, what);
-}
-}  // namespace
-
-// HOST-MEMORY: the CPU copy kernel reads/writes npu bytes; a real device uses aclrtMemcpyAsync (dense) or a copy kernel.
-void copy_through_cpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  const bool src_npu = src.device().type() == kNpu, dst_npu = dst.device().type() == kNpu;
-  if (src_npu && dst_npu && src.device() == dst.device() && launch::may_queue()) {
-    // npu -> npu: a queued kernel, like every other op, seeing both sides as queued kernels do.
-    const int device = dst.device().index();
-    const int64_t stream = rt::api().get_stream(device);
-    at::Tensor src_cpu = queued_cpu_alias(src, stream), dst_cpu = queued_cpu_alias(dst, stream);
-    launch::enqueue(device, "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
-    return;
-  }
-  // A non_blocking copy between an npu tensor and pinned host memory is queued on the npu side's current
-  // stream, as cudaMemcpyAsync is: the caller synchronizes (stream, event) before it reads a D2H result or
-  // reuses an H2D source, exactly as on CUDA. The closure holds the pinned tensor, so its block is not
-  // reused before the copy ran.
-  if (non_blocking && src_npu != dst_npu && launch::may_queue()) {
-    const at::Tensor& host = src_npu ? dst : src;
-    if (host.device().is_cpu() && host.has_storage() && host_memory::is_pinned(host.storage().data())) {
-      const int device = (src_npu ? src : dst).device().index();
-      const int64_t stream = rt::api().get_stream(device);
-      at::Tensor src_cpu = as_queued_cpu(src, stream, "source"), dst_cpu = as_queued_cpu(dst, stream, "destination");
-      launch::enqueue(device, "aten::copy_", [src_cpu, dst_cpu]() mutable { dst_cpu.copy_(src_cpu); });
-      return;
-    }
-  }
-  // Other host <-> npu (and cross-device) copies touch the bytes now, after the queued work of the npu
-  // sides: a D2H copy waits like cudaMemcpy, an H2D copy reads the pageable source before returning (so
-  // the caller may reuse it), whether or not non_blocking was asked for.
-  launch::count_synchronous();
-  if (src_npu) launch::drain(src.device().index());
-  if (dst_npu && !(src_npu && src.device() == dst.device())) launch::drain(dst.device().index());
-  at::Tensor src_cpu = as_cpu(src, "source");
-  at::Tensor dst_cpu = as_cpu(dst, "destination");
-  dst_cpu.copy_(src_cpu, non_blocking);
-}
-
-// HOST-MEMORY: reads the element in place; a real device copies it to the host (aclrtMemcpy D2H) first.
-c10::Scalar read_scalar(const at::Tensor& t) {
-  launch::count_synchronous();
-  launch::drain(t.device().index());
-  return at::_local_scalar_dense(cpu_alias(t));
 }
 
 at::Tensor make_npu_tensor(c10::Storage storage, const at::Tensor& g) {

@@ -2,7 +2,7 @@
 // aliases of the npu bytes, inline or queued on the current stream. The units:
 //   op_schema.cpp     what a schema allows: views, written arguments, queueable returns, the out= overload
 //   op_signature.cpp  the signature key of a call and the outputs its Meta kernel infers (cached per key)
-//   op_aliases.cpp    CPU aliases of npu tensors, adoption of CPU-kernel outputs, copies (npu_tensor.h)
+//   op_aliases.cpp    CPU aliases of npu tensors, adoption of CPU-kernel outputs (npu_tensor.h)
 //   fallback.cpp      the boxed fallback: one op, inline or queued, results mapped back to npu
 //   op_redirects.cpp  which aten ops take the fallback although they have other kernels
 #pragma once
@@ -70,7 +70,7 @@ struct Inferred {
   bool view = false;       // every output is a view of an argument: run at once, no data access
   // What the signature's kernel costs, learnt from its first queued runs on the stream worker (thread CPU time)
   // and its first inline runs on the host: whether it is small and fast enough to run inline on an idle stream,
-  // and how long an inline launch queued behind it waits (launch::idle_for_inline). Shared by the copies of one
+  // and how long an inline launch queued behind it waits (launch::take_inline). Shared by the copies of one
   // signature's entry; a wrong guess costs only speed.
   struct KernelCost {
     static constexpr int kSamples = 4;

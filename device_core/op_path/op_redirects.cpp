@@ -5,7 +5,7 @@
 #include <string>
 
 #include "npu_tensor.h"
-#include "op_path.h"
+#include "op_path/op_path.h"
 
 namespace npudist {
 

@@ -3,7 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "op_path.h"
+#include "op_path/op_path.h"
 
 namespace npudist::op_path {
 

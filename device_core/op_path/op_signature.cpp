@@ -11,8 +11,8 @@
 #include <unordered_map>
 
 #include "npu_tensor.h"
-#include "op_path.h"
-#include "warning_probe.h"
+#include "op_path/op_path.h"
+#include "op_path/warning_probe.h"
 
 namespace npudist::op_path {
 namespace {

@@ -15,7 +15,7 @@
 #include <map>
 #include <set>
 
-#include "profiler.h"
+#include "profiler/profiler.h"
 
 namespace npudist::profiler {
 namespace {

@@ -1,6 +1,6 @@
 // Recording side of the npu profiler: the hooks the fallback, the copy kernel, the allocator and hccl
 // call, the buffer they fill while a session is active, and the C table handed to npudist.hccl._C.
-#include "profiler.h"
+#include "profiler/profiler.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -13,7 +13,7 @@
 #include <unordered_map>
 
 #include "allocator/npu_allocator.h"
-#include "launch.h"
+#include "launch/launch.h"
 #include "npu_tensor.h"
 #include "npu_runtime.h"
 

@@ -2,12 +2,12 @@
 // device and streams, per-stream host-function queues run by lazily started worker threads, markers
 // (the substance of events). The C table over all of it is runtime_c_api.cpp.
 //
-// A stream holds host functions: the aten glue's queued kernels (device_core/launch.cpp) and other
+// A stream holds host functions: the aten glue's queued kernels (device_core/launch/launch.cpp) and other
 // components' work (hccl). A stream's worker runs them in order; a marker recorded on a stream is done
 // once everything enqueued before it has run; a stream-wait task holds a stream's worker until another
 // stream's marker is done (cudaStreamWaitEvent). Waits spin briefly, then yield, then sleep (the machine has fewer cores than the
 // threads that wait), and every sleep is bounded so a lost wake-up costs at most a millisecond.
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <pthread.h>
 #include <sched.h>

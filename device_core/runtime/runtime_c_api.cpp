@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 struct NpudistEvent_ {
   std::mutex mu;  // record may race with query/synchronize from other threads

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 namespace npudist::runtime {
 namespace {

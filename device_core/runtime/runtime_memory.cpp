@@ -2,7 +2,7 @@
 // (aclrtMalloc); growable segments reserve address space once and commit/decommit pages on demand
 // (aclrtReserveMemAddress + aclrtMallocPhysical/aclrtMapMem), so a segment grows in place.
 // HOST-MEMORY: device memory is host mmap memory; a real device uses aclrtMalloc / aclrtMapMem.
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <sys/mman.h>
 

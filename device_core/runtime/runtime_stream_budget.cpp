@@ -3,7 +3,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 namespace npudist::runtime {
 namespace {

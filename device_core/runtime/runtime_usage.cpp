@@ -4,7 +4,7 @@
 // allocation, unlinked at exit. Only segment-level events (fixed segments allocated/freed, expandable pages
 // mapped/unmapped) touch it, not tensor allocations, so the caching allocator's fast path pays nothing.
 // Layout (native endian, version 1) in npudist/runtime_usage.h.
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
 
 Torch-free and quick. Devices are the physical devices of the emulated runtime (``NPUDIST_DEVICE_COUNT`` in this
 command's environment, default 8). Memory comes from the usage record every process using an npu device publishes
-(``/dev/shm/npudist-usage-<pid>``, device_core/runtime_usage.cpp): the device memory it holds (caching-allocator
+(``/dev/shm/npudist-usage-<pid>``, device_core/runtime/runtime_usage.cpp): the device memory it holds (caching-allocator
 segments and aclrtMalloc blocks) per device, and the capacity it sees (``NPUDIST_DEVICE_MEMORY``); a device no
 process uses shows this command's own ``NPUDIST_DEVICE_MEMORY`` (default 16GiB).
 """

@@ -1,6 +1,6 @@
 """Autocast support for npu (``torch.autocast("npu", dtype=torch.bfloat16)``, also float16).
 
-The op lists are registered in C++ (device_core/autocast.cpp) for the AutocastPrivateUse1 key, with the
+The op lists are registered in C++ (device_core/aten/autocast.cpp) for the AutocastPrivateUse1 key, with the
 same lower-precision / fp32 / promote policies CUDA uses.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pinned host memory statistics and cache control (mirror ``torch.cuda``'s ``host_*`` functions).
 
 ``tensor.pin_memory()``, ``torch.empty(..., pin_memory=True)`` and ``DataLoader(pin_memory=True)`` allocate
-from npudist's caching host allocator (``device_core/host_allocator.cpp``: PyTorch's CachingHostAllocator
+from npudist's caching host allocator (``device_core/allocator/host_allocator.cpp``: PyTorch's CachingHostAllocator
 over npu streams and events). Freed blocks are cached by power-of-two size and reused once the npu streams
 recorded on them have passed the free. See docs/memory.md, "Pinned host memory".
 """

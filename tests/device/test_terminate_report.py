@@ -1,5 +1,5 @@
 """A C++ std::terminate anywhere in the process names its thread and prints a native backtrace before the abort
-(device_core/terminate_report.cpp), then libstdc++'s own handler still runs."""
+(device_core/runtime/terminate_report.cpp), then libstdc++'s own handler still runs."""
 import subprocess
 import sys
 

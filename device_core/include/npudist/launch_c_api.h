@@ -1,5 +1,5 @@
 // Plain-C table through which npudist.hccl._C takes part in npudist._C's asynchronous launch
-// (device_core/launch.h, docs/device.md "Asynchronous launch"). Handed over once at import
+// (device_core/launch/launch.h, docs/device.md "Asynchronous launch"). Handed over once at import
 // (`npudist._C._launch_api()`, a PyCapsule named NPUDIST_LAUNCH_API_CAPSULE, ->
 // `npudist.hccl._C._set_launch_api(capsule)`), like the runtime and profiler tables.
 //

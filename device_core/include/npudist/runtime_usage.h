@@ -1,5 +1,5 @@
 // The per-process device-memory usage record the emulated runtime publishes for `npu-smi`
-// (device_core/runtime_usage.cpp writes it, npudist/cann/smi.py reads it). Plain C, fixed layout.
+// (device_core/runtime/runtime_usage.cpp writes it, npudist/cann/smi.py reads it). Plain C, fixed layout.
 // File: /dev/shm/<NPUDIST_USAGE_PREFIX><pid>, removed when the process exits; a record whose process is
 // gone (killed) is stale and npu-smi removes it.
 #pragma once
