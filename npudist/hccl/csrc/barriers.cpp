@@ -23,9 +23,11 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 // barrier(timeout=...) through the group's store: every rank posts its arrival for `seq` and waits for the
 // others up to `timeout`; on expiry raises DistBackendError naming the ranks missing.
-void store_barrier(c10d::Store& store, int rank, int size, uint64_t seq, std::chrono::milliseconds timeout,
-                   const std::string& what) {
-  const std::string prefix = c10::str("hccl_barrier/", seq, "/");
+void store_barrier(c10d::Store& store, int rank, int size, uint64_t generation, uint64_t seq,
+                   std::chrono::milliseconds timeout, const std::string& what) {
+  // Sequence numbers restart after reinit: the communicator generation keeps the keys apart.
+  const std::string prefix = c10::str("hccl_barrier/", generation == 0 ? std::string() : c10::str("g", generation, "/"),
+                                      seq, "/");
   store.set(prefix + std::to_string(rank), std::vector<uint8_t>{1});
   std::vector<std::string> others;
   for (int r = 0; r < size; ++r) {
@@ -54,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOpti
     // dist.barrier(timeout=...): the engine keeps the group's deadline, so this one goes through the store.
     const auto timeout = opts.timeout;
     s.body = [this, timeout](uint64_t seq) {
-      store_barrier(*store_, rank_, size_, seq, timeout,
+      store_barrier(*store_, rank_, size_, generation_.load(), seq, timeout,
                     c10::str("barrier (seq ", seq, ") on group '", options_->group_name, "' (rank ", rank_, " of ",
                              size_, ")"));
     };

@@ -130,7 +130,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       // torch calls this on ranks outside a new_group when the default group has a bound device
       // (NCCL must then join ncclCommSplit). hccl communicators involve only the members: no-op.
       .def("perform_nocolor_split", [](ProcessGroupHCCL&, const c10::Device&) {})
-      .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; });
+      .def("comm_split_count", [](ProcessGroupHCCL&) { return 0; })
+      // torch_npu's name (ProcessGroupHCCL::abortAndClearHcclComm), what reinit_process_group calls.
+      .def(
+          "abort_hccl_comm",
+          [](ProcessGroupHCCL& p, const std::optional<std::string>& reason) {
+            p.abort_and_clear_comm(reason.value_or(""));
+          },
+          py::arg("reason") = py::none(), py::call_guard<py::gil_scoped_release>(),
+          "Abort the group's communicator (pending ops, here and on the node's peers, fail naming the reason), "
+          "drain them and drop it; the group's next op builds a new one with the other ranks, which must do the "
+          "same (torch_npu.distributed.reinit_process_group).")
+      .def_property_readonly("comm_generation", &ProcessGroupHCCL::generation,
+                             "How many communicators abort_hccl_comm replaced (0: the group's first).");
 
   def_table_setter<NpudistRuntimeApi>(m, "_set_runtime_api", "_runtime_api", NPUDIST_RUNTIME_API_CAPSULE,
                                       &set_runtime_api, "Install the device runtime's C table.");

@@ -26,7 +26,9 @@ void ProcessGroupHCCL::check_usable(const char* op) {
     C10_THROW_ERROR(DistBackendError,
                     c10::str("hccl: ", op, " called on group '", options_->group_name,
                              "' after it was aborted (", abort_reason_,
-                             "); destroy it and create a new group"));
+                             "); destroy it and create a new group, or call "
+                             "torch_npu.distributed.reinit_process_group(group) on every rank to rebuild its "
+                             "communicator"));
   }
 }
 
@@ -123,11 +125,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
     if (!(charged_mask_.load(std::memory_order_relaxed) & (uint64_t{1} << device))) charge_device_buffers(device);
   }
   std::lock_guard<std::mutex> issuing(issue_mu_);
+  if (needs_connect_) reconnect(spec.name);  // the first op after reinit builds the communicator (reinit.cpp)
   const uint64_t seq = spec.p2p ? ++p2p_seq_ : ++seq_;
   const uint64_t trace_id = record_op(trace_pg_id_, options_->group_name,
                                       getGroupDesc().empty() ? options_->group_desc : getGroupDesc(), spec, seq_,
                                       p2p_seq_, timeout_.count());
   auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
+  work->generation_ = generation_.load();
   const auto& s = work->spec_;
   if (coalescing_) coalesced_.push_back(work);
 

@@ -15,7 +15,7 @@ uint64_t Lane::submit(std::function<void()> fn) {
   if (!thread_.joinable() && !stopping_) {
     thread_ = std::thread([this] { loop(); });
   }
-  cv_.notify_one();
+  cv_.notify_all();  // the lane thread, and not a drain() waiting on the same variable
   return ticket;
 }
 
@@ -44,6 +44,11 @@ bool Lane::run_here(uint64_t ticket) {
 bool Lane::idle() {
   std::lock_guard<std::mutex> g(mu_);
   return queue_.empty() && running_ == 0;
+}
+
+void Lane::drain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [this] { return queue_.empty() && running_ == 0; });
 }
 
 void Lane::stop() {
@@ -76,6 +81,7 @@ void Lane::loop() {
     fn();
     lk.lock();
     --running_;
+    cv_.notify_all();  // drain() waits for the lane to empty
   }
 }
 

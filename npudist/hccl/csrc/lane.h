@@ -32,6 +32,8 @@ class Lane {
   bool run_here(uint64_t ticket);
   // True when nothing is queued or running (a synchronous op may then run on the caller's thread).
   bool idle();
+  // Wait until nothing is queued or running (the thread stays).
+  void drain();
   // Finish queued work, then stop the thread.
   void stop();
 

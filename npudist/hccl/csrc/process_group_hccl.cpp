@@ -159,15 +159,21 @@ void ProcessGroupHCCL::connect() {
   const bool gloo_only = gloo_communicator_forced();  // a bad value fails here, before any rank waits
   // Keys are namespaced by how many hccl groups this rank built on this store before, so building
   // twice on one store (as torch may) pairs the k-th construction of every rank with each other.
-  const std::string ns =
-      "hccl" + std::to_string(store_->add("hccl_instances/" + std::to_string(rank_), 1)) + "/";
+  if (ns_base_.empty()) {
+    ns_base_ = "hccl" + std::to_string(store_->add("hccl_instances/" + std::to_string(rank_), 1)) + "/";
+  }
+  // A communicator rebuilt after reinit meets under its generation's keys, so no key of an earlier one is read.
+  const uint64_t gen = generation_.load();
+  const std::string ns = gen == 0 ? ns_base_ : ns_base_ + "gen" + std::to_string(gen) + "/";
+  // A rebuild happens inside the group's next op, so that op's deadline (the group's timeout) bounds it.
+  const std::chrono::milliseconds wait = gen == 0 ? connect_timeout_ : timeout_;
   // 1. Node identities -> topology.
   const std::string my_node = detect_node_id();
   store_->set(ns + "node/" + std::to_string(rank_), to_bytes(my_node));
   std::vector<std::string> keys, ids(size_);
   for (int r = 0; r < size_; ++r) keys.push_back(ns + "node/" + std::to_string(r));
   try {
-    store_->wait(keys, connect_timeout_);
+    store_->wait(keys, wait);
   } catch (const std::exception& e) {
     std::vector<int> missing;
     for (int r = 0; r < size_; ++r) {
@@ -182,28 +188,31 @@ void ProcessGroupHCCL::connect() {
   for (int r = 0; r < size_; ++r) ids[r] = from_bytes(store_->get(keys[r]));
   topo_ = build_topology(rank_, ids);
 
-  // 2. A name unique to this job and group: rank 0 draws a token, everyone reads it.
-  if (rank_ == 0) store_->set(ns + "token", to_bytes(random_token() + "_" + std::to_string(getpid())));
-  try {
-    store_->wait({ns + "token"}, connect_timeout_);
-  } catch (const std::exception& e) {
-    throw_connect_timeout({0}, e.what());
-  }
-  const std::string token = from_bytes(store_->get(ns + "token"));
-  // NPUDIST_JOB_ID (optional) prefixes the name, so a job's segments in /dev/shm are recognisable.
-  std::string job;
-  if (const char* j = std::getenv("NPUDIST_JOB_ID")) {
-    for (const char* c = j; *c && job.size() < 16; ++c) {
-      if (std::isalnum(static_cast<unsigned char>(*c))) job += *c;
+  // 2. A name unique to this job and group: rank 0 draws a token, everyone reads it. A rebuilt communicator
+  // keeps the group's name (get_hccl_comm_name stays valid); its segments get the generation as a suffix.
+  if (gen == 0) {
+    if (rank_ == 0) store_->set(ns + "token", to_bytes(random_token() + "_" + std::to_string(getpid())));
+    try {
+      store_->wait({ns + "token"}, connect_timeout_);
+    } catch (const std::exception& e) {
+      throw_connect_timeout({0}, e.what());
     }
+    const std::string token = from_bytes(store_->get(ns + "token"));
+    // NPUDIST_JOB_ID (optional) prefixes the name, so a job's segments in /dev/shm are recognisable.
+    std::string job;
+    if (const char* j = std::getenv("NPUDIST_JOB_ID")) {
+      for (const char* c = j; *c && job.size() < 16; ++c) {
+        if (std::isalnum(static_cast<unsigned char>(*c))) job += *c;
+      }
+    }
+    comm_name_ = (job.empty() ? "" : job + "_") + token + "_n" + std::to_string(topo_.node);
   }
-  comm_name_ = (job.empty() ? "" : job + "_") + token + "_n" + std::to_string(topo_.node);
 
   // 3. The group's communicator, chosen once from the topology.
   CommunicatorSetup setup;
   setup.store = store_;
   setup.key_prefix = ns;
-  setup.name = comm_name_;
+  setup.name = gen == 0 ? comm_name_ : comm_name_ + "_g" + std::to_string(gen);
   setup.group_name = options_->group_name;
   setup.topology = topo_;
   const auto& g = options_->global_ranks_in_group;
@@ -212,9 +221,11 @@ void ProcessGroupHCCL::connect() {
   }
   setup.buffer_bytes = buffer_bytes_;
   setup.timeout = timeout_;
-  setup.connect_timeout = connect_timeout_;
+  setup.connect_timeout = wait;
   try {
-    comm_ = make_communicator(setup, gloo_only);
+    auto made = make_communicator(setup, gloo_only);
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    comm_ = std::move(made);
   } catch (const ConnectTimeout& e) {
     std::vector<int> missing;  // the engine names global ranks; the message names group ranks
     for (int g : e.ranks) {
@@ -231,6 +242,18 @@ void ProcessGroupHCCL::throw_connect_timeout(const std::vector<int>& missing, co
   for (int r : missing) {
     const auto& g = options_->global_ranks_in_group;
     who += (who.empty() ? "" : ", ") + std::to_string(static_cast<int>(g.size()) == size_ ? g[r] : r);
+  }
+  if (generation_ > 0) {
+    // The rebuild after reinit_process_group: the peers named did not rebuild theirs (reinit.cpp).
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("hccl: ", rebuild_op_ ? rebuild_op_ : "an op", " on group '", options_->group_name,
+                             "' (rank ", global_rank_, "): rebuilding its communicator after reinit_process_group "
+                             "(generation ", generation_.load(), ") timed out after ", timeout_.count() / 1000.0,
+                             " s (the group's timeout): ", missing.empty() ? std::string("a peer") : "ranks [" + who + "]",
+                             " of its ", size_, " did not arrive. Every rank of the group must call "
+                             "torch_npu.distributed.reinit_process_group(group) and then issue an op on the group, "
+                             "which rebuilds the communicator on all of them; this rank tries again at its next op "
+                             "on the group. (", detail, ")"));
   }
   // EI0006 is CANN's code for a communicator whose links were not set up in time: the code Ascend users
   // search their logs for, with CANN's reading of it.

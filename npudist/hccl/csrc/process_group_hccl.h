@@ -142,6 +142,12 @@ class ProcessGroupHCCL : public c10d::Backend {
   void abort() override;
   // Drains pending ops (bounded by the timeout), then releases the communicator.
   void shutdown() override;
+  // reinit.cpp: torch_npu's abort_hccl_comm(reason) (reinit_process_group): aborts the communicator (pending ops
+  // fail naming `reason`), drains them and drops it; the group's next op builds a new one with every rank that
+  // did the same (a new generation of store keys). A group already waiting for its rebuild is left as it is.
+  void abort_and_clear_comm(const std::string& reason);
+  // How many communicators reinit replaced (0: the one built with the group).
+  uint64_t generation() const { return generation_.load(); }
 
   // Introspection for Python/tests.
   const Topology& topology() const { return topo_; }
@@ -167,7 +173,10 @@ class ProcessGroupHCCL : public c10d::Backend {
 
  private:
   friend class WorkHCCL;
+  // Builds the communicator: at construction (generation 0, HCCL_CONNECT_TIMEOUT) and, after
+  // abort_and_clear_comm, in the group's next op (reconnect, under issue_mu_; the group's timeout).
   void connect();
+  void reconnect(const char* op);
   c10::intrusive_ptr<c10d::Work> issue(OpSpec spec);
   void execute(const c10::intrusive_ptr<WorkHCCL>& work);
   std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool comm_error);
@@ -224,7 +233,13 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::vector<std::pair<int, uint64_t>> charges_;     // (device, runtime handle), under charge_mu_
   Topology topo_;
   std::string comm_name_;
-  std::unique_ptr<comm::Communicator> comm_;  // null once shut down
+  std::unique_ptr<comm::Communicator> comm_;  // null once shut down, and after reinit until the next op
+  // reinit (reinit.cpp): comm_ is replaced under comm_mu_, which the watchdog and abort() hold to use it.
+  std::mutex comm_mu_;
+  std::string ns_base_;                         // "hccl<k>/": this construction's keys on the store
+  std::atomic<uint64_t> generation_{0};         // communicators replaced so far; names the keys of the next
+  std::atomic<bool> needs_connect_{false};      // cleared by reinit: the next op builds the communicator
+  const char* rebuild_op_ = nullptr;            // the op rebuilding it, for connect errors
 
   std::atomic<uint64_t> seq_{0};
   std::atomic<uint64_t> p2p_seq_{0};
@@ -330,6 +345,7 @@ class WorkHCCL : public c10d::Work {
   Lane* lane_ = nullptr;  // the collective lane it was queued on (wait() may run it there and then)
   uint64_t ticket_ = 0;
   int device_ = -1;  // the npu device of its tensors, -1 for cpu tensors
+  uint64_t generation_ = 0;  // the group's communicator generation it was issued on (reinit.cpp)
 
  private:
   // wait() without blocking the host: order the caller's current npu stream after this op.

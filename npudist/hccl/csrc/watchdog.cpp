@@ -109,11 +109,16 @@ void ProcessGroupHCCL::watchdog_loop() {
       }
     }
     if (stuck && !aborted_) {
+      std::lock_guard<std::mutex> comm_guard(comm_mu_);
       abort_reason_ = "watchdog: an op exceeded the timeout by more than 10 s";
       aborted_ = true;
       if (comm_) comm_->abort(abort_reason_);
     }
     for (auto& w : failed) {
+      // Held while acting on the failure, so reinit cannot replace the communicator in between (reinit.cpp).
+      std::lock_guard<std::mutex> comm_guard(comm_mu_);
+      // An op of a communicator that reinit_process_group discarded: the caller chose to rebuild, nothing to handle.
+      if (w->generation_ != generation_.load()) continue;
       std::string msg;
       bool user_error = false;
       try {
@@ -177,6 +182,7 @@ void ProcessGroupHCCL::dump_now(const std::string& reason) {
 }
 
 void ProcessGroupHCCL::abort() {
+  std::lock_guard<std::mutex> comm_guard(comm_mu_);
   if (!aborted_.exchange(true)) {
     abort_reason_ = kUserAbortReason;
   }
