@@ -107,10 +107,11 @@ def reinit_after_timeout():
     _all_reduce_checked("cpu", "before the fault")
     if RANK == 0:
         expect_error(lambda: dist.all_reduce(torch.ones(4)), dist.DistBackendError, "EI0002", "[1]")
-        time.sleep(1.0)  # the watchdog aborts the communicator
+        time.sleep(2.0)  # the watchdog (a 200 ms loop) aborts the communicator
         expect_error(lambda: dist.all_reduce(torch.ones(4)), dist.DistBackendError, "aborted", "reinit_process_group")
+        _signal("rank0_checked")
     else:
-        time.sleep(timeout + 1.5)  # skip the collective and stay away until rank 0 gave up
+        _await("rank0_checked")  # skip the collective; a reinit before rank 0 gave up would fail its op instead
     reinit_process_group()
     _all_reduce_checked("cpu", "after both reinit")
     dist.destroy_process_group()
