@@ -19,16 +19,6 @@ from npudist.device.sanitizer import StreamSanitizerError, UnsynchronizedFreeErr
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def san():
-    assert not sanitizer.is_enabled()
-    s = sanitizer.enable()
-    try:
-        yield s
-    finally:
-        sanitizer.disable()
-
-
 def _read_on_side(x):
     """A kernel on a new side stream reads ``x`` (the side stream first waits for x's creation)."""
     side = torch.npu.Stream()

@@ -14,16 +14,6 @@ from npudist.device.sanitizer import StreamSanitizerError
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def san():
-    assert not sanitizer.is_enabled()
-    s = sanitizer.enable()
-    try:
-        yield s
-    finally:
-        sanitizer.disable()
-
-
 def _produce_on_side_stream():
     """``b`` written by a kernel on a side stream that was itself ordered after the inputs' creation."""
     side = torch.npu.Stream()
