@@ -47,7 +47,8 @@ def _args(argv=None):
     return args
 
 
-PER_OP = {"add": lambda a, b: a + b, "mm": lambda a, b: a @ b}
+# --per-op: (a 64x64 fp32 pair: a tiny op, or a 256x256 pair: a 256 KiB add) -> op
+PER_OP = {"add": (64, lambda a, b: a + b), "mm": (64, lambda a, b: a @ b), "add_256k": (256, lambda a, b: a + b)}
 _BLOCK = {}
 
 
@@ -88,10 +89,12 @@ def per_op_worker(args) -> None:
     import torch
     import npudist  # noqa: F401
     torch.set_num_threads(1)
-    operands = {dev: (torch.randn(64, 64, device=dev), torch.randn(64, 64, device=dev)) for dev in ("npu", "cpu")}
+    operands = {(dev, n): (torch.randn(n, n, device=dev), torch.randn(n, n, device=dev))
+                for dev in ("npu", "cpu") for n in (64, 256)}
 
-    def time_loop(dev, fn):
-        a, b = operands[dev]
+    def time_loop(dev, op):
+        n, fn = op
+        a, b = operands[(dev, n)]
         t0 = time.perf_counter()
         for _ in range(args.ops):
             fn(a, b)
@@ -99,11 +102,12 @@ def per_op_worker(args) -> None:
             torch.npu.synchronize()
         return (time.perf_counter() - t0) / args.ops * 1e6
 
-    for dev in operands:  # warm-up: first runs of each signature, allocator, BLAS
-        for fn in PER_OP.values():
-            time_loop(dev, fn)
+    devices = ("npu", "cpu")
+    for dev in devices:  # warm-up: first runs of each signature, allocator, BLAS
+        for op in PER_OP.values():
+            time_loop(dev, op)
     for _ in sys.stdin:
-        out = {f"{dev}_{name}": time_loop(dev, fn) for name, fn in PER_OP.items() for dev in operands}
+        out = {f"{dev}_{name}": time_loop(dev, op) for name, op in PER_OP.items() for dev in devices}
         print(json.dumps(out), flush=True)
 
 
@@ -178,13 +182,14 @@ def main(argv=None) -> int:
 
 
 def report_per_op(args, times) -> None:
-    print(f"microseconds per op, 64x64 fp32, loops of {args.ops} ops then synchronize; {args.rounds} alternating "
+    print(f"microseconds per op (add, mm: 64x64 fp32; add_256k: 256x256 fp32), loops of {args.ops} ops then "
+          f"synchronize; {args.rounds} alternating "
           f"rounds (medians); load average {os.getloadavg()[0]:.2f}")
-    print(f"  {'op':<5} {'npu async':>10} {'npu blocking':>13} {'cpu':>7}   async/cpu  blocking/cpu  async/blocking")
+    print(f"  {'op':<8} {'npu async':>10} {'npu blocking':>13} {'cpu':>7}   async/cpu  blocking/cpu  async/blocking")
     for name in PER_OP:
         med = {mode: statistics.median(t[f"npu_{name}"] for t in ts) for mode, ts in times.items()}
         cpu = statistics.median(t[f"cpu_{name}"] for ts in times.values() for t in ts)
-        print(f"  {name:<5} {med['async']:10.2f} {med['blocking']:13.2f} {cpu:7.2f}   {med['async'] / cpu:9.2f}x "
+        print(f"  {name:<8} {med['async']:10.2f} {med['blocking']:13.2f} {cpu:7.2f}   {med['async'] / cpu:9.2f}x "
               f"{med['blocking'] / cpu:12.2f}x {med['async'] / med['blocking']:14.2f}x")
 
 

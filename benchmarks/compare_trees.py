@@ -44,15 +44,20 @@ def main(argv=None) -> int:
                for tree, path in (("other", other), ("this", THIS_TREE))
                for mode, blocking in (("async", "0"), ("blocking", "1"))}
     times = alternate(workers, args.rounds)
-    print(f"microseconds per op, 64x64 fp32, loops of {args.ops} ops then synchronize; {args.rounds} alternating "
+    print(f"microseconds per op (add, mm: 64x64 fp32; add_256k: 256x256 fp32), loops of {args.ops} ops then "
+          f"synchronize; {args.rounds} alternating "
           f"rounds (medians); load average {os.getloadavg()[0]:.2f}")
     print(f"  this tree: {THIS_TREE}\n  other tree: {other}")
-    print(f"  {'op':<4} {'mode':<9} {'other':>8} {'this':>8} {'this/other':>11} {'cpu':>7}")
-    for name in ("add", "mm"):
+    print(f"  {'op':<8} {'mode':<9} {'other':>8} {'this':>8} {'this/other':>11} {'cpu':>7}")
+    names = sorted({k.split("_", 1)[1] for ts in times.values() for t in ts for k in t if k.startswith("npu_")})
+    for name in names:
+        if not all(f"npu_{name}" in t for ts in times.values() for t in ts):
+            print(f"  {name:<8} measured by one tree only (its benchmarks/async_launch.py --per-op is older)")
+            continue
         cpu = statistics.median(t[f"cpu_{name}"] for ts in times.values() for t in ts)
         for mode in ("async", "blocking"):
             med = {tree: statistics.median(t[f"npu_{name}"] for t in times[(tree, mode)]) for tree in ("other", "this")}
-            print(f"  {name:<4} {mode:<9} {med['other']:8.2f} {med['this']:8.2f} {med['this'] / med['other']:10.2f}x "
+            print(f"  {name:<8} {mode:<9} {med['other']:8.2f} {med['this']:8.2f} {med['this'] / med['other']:10.2f}x "
                   f"{cpu:7.2f}")
     return 0
 
