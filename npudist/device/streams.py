@@ -251,5 +251,5 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 
 _NPU_TYPE = 20  # c10::DeviceType::PrivateUse1, what torch.Stream.device_type reports
-# The sync-launch pool's stream ids (runtime_c_api.h). An extension built before the pool existed has none.
-_SYNC_FIRST, _SYNC_COUNT = getattr(_C, "_SYNC_LAUNCH_STREAM_IDS", (0, 0))
+# The sync-launch pool's stream ids (runtime_c_api.h).
+_SYNC_FIRST, _SYNC_COUNT = _C._SYNC_LAUNCH_STREAM_IDS
