@@ -33,7 +33,8 @@ class DeviceScope {
 // Index of an npu device argument, or the current device when the index is absent. Validated (aten/kernels.cpp).
 int resolve_device_index(std::optional<c10::Device> device);
 
-// ---- CPU aliases and adoption (op_path/op_aliases.cpp).
+// ---- CPU aliases and adoption (npu_tensor.cpp): primitives below every room, which depend only on the
+// allocator's interface.
 // A CPU tensor over exactly the bytes of npu tensor `t` (same sizes, strides, offset, dtype, conj/neg
 // bits). Its storage keeps t's storage alive. When `storage_alias` is given, reuse it (several arguments
 // on one npu storage must share one CPU storage, or storage-identity checks in CPU kernels break).
@@ -60,9 +61,8 @@ void resize_npu_storage(c10::StorageImpl* storage, size_t nbytes);
 // aten::resize_ on an npu tensor (aten/kernels.cpp): sizes set, storage grown through resize_npu_storage.
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> memory_format);
 
-// Adopting CPU-kernel outputs (op_path/op_aliases.cpp, for op_path/fallback.cpp): while an AdoptScope is
-// active on a thread, the CPU allocator hands out npu-allocator memory (tagged CPU) so that outputs can be
-// re-tagged as npu.
+// Adopting CPU-kernel outputs (npu_tensor.cpp, for op_path/fallback.cpp): while an AdoptScope is active on a
+// thread, the CPU allocator hands out npu-allocator memory (tagged CPU) so that outputs can be re-tagged as npu.
 class AdoptScope {
  public:
   explicit AdoptScope(int device);
@@ -76,12 +76,13 @@ class AdoptScope {
   int prev_device_;
   size_t prev_size_;
 };
+// Wraps c10's CPU allocator so that AdoptScope can redirect it (npu_tensor.cpp; module.cpp calls it at import).
 void install_cpu_allocator_wrapper();
 // Route ops that have a CPU kernel and a composite decomposition to the CPU kernel (op_path/op_redirects.cpp).
 size_t register_cpu_kernel_redirects();
 
-// Convert a storage produced by a CPU kernel into an npu storage on `device`: re-tag it if its bytes
-// came from the npu allocator within `scope`, otherwise copy into fresh npu memory.
+// Convert a storage produced by a CPU kernel into an npu storage on `device` (npu_tensor.cpp): re-tag it if its
+// bytes came from the npu allocator within `scope`, otherwise copy into fresh npu memory.
 c10::Storage adopt_storage(const c10::Storage& cpu_storage, int device, const AdoptScope& scope);
 
 // RNG (hooks.cpp): per-device npu generators; a random CPU kernel runs with a CPU generator seeded

@@ -1,6 +1,7 @@
 """The seams (docs/backends.md). Device runtime: the aten glue and the caching allocator reach the runtime
 only through its C ABI header, the runtime does not depend on the allocator, and host-memory assumptions are
-marked with `HOST-MEMORY:` only in the emulated runtime and the fallback. Communicator: its interface names
+marked with `HOST-MEMORY:` only in the emulated runtime, the CPU-alias primitives and the op path, and the rooms
+include and call each other without a circle. Communicator: its interface names
 no type of the shared-memory engine, only the shm adapter and the factory include the engine, host access to
 npu memory in hccl is marked only in the communicators, and the C tables reach hccl as named capsules.
 Reads sources (the capsule test imports the extensions); builds nothing."""
@@ -33,7 +34,7 @@ PUBLIC = {C_ABI, "npu_runtime.h", "npu_tensor.h", "op_path/op_path.h", "op_path/
           "launch/launch.h", "include/npudist/profiler_c_api.h", "include/npudist/launch_c_api.h"}
 # Allowed to say HOST-MEMORY (everything else reaches memory through the runtime table).
 HOST_MEMORY_FILES = {"runtime/runtime_memory.cpp", "runtime/runtime_c_api.cpp", "op_path/fallback.cpp",
-                     "op_path/op_aliases.cpp", "aten/copy.cpp"}
+                     "npu_tensor.cpp", "aten/copy.cpp"}
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -133,6 +134,117 @@ def check_doc_lists_markers(sources: dict[str, str]) -> None:
 
 def test_backends_doc_lists_every_host_memory_marker():
     check_doc_lists_markers({f"device_core/{rel}": _read(rel) for rel in HOST_MEMORY_FILES})
+
+
+# --- the rooms stack: no circle ---------------------------------------------------------------------------------
+# npu_tensor.h declares functions that several files define; each declaration names its file in a comment above it.
+SHARED_HEADER = "npu_tensor.h"
+_DECLARED = re.compile(r"^(?!inline\b|constexpr\b|using\b|namespace\b|#)[\w:<>&*, ]+?\b(\w+)\([^;{]*\)\s*;", re.M)
+
+
+def _definers(name: str, member_of: str = "") -> list[str]:
+    """The device_core .cpp files that define `name`: a column-0 line naming it that opens a body or continues
+    (a call or a declaration ends in `;`), or `Class::` members."""
+    def defines(line: str) -> bool:
+        if member_of:
+            return line.startswith(f"{name}::")
+        return bool(re.match(rf"[^\s/#].*\b{name}\(", line)) and ("{" in line or not line.rstrip().endswith(";"))
+    return [rel for rel in GLUE + RUNTIME + ALLOCATOR
+            if rel.endswith(".cpp") and any(defines(line) for line in _code(_read(rel)).splitlines())]
+
+
+def shared_declarations() -> dict[str, str]:
+    """Each function npu_tensor.h declares, and each class of it with members defined elsewhere -> the defining file."""
+    code = _code(_read(SHARED_HEADER))
+    out = {}
+    for name in _DECLARED.findall(code):
+        files = _definers(name)
+        assert len(files) == 1, f"{SHARED_HEADER} declares {name}, defined in {files or 'no file'}: want exactly one"
+        out[name] = files[0]
+    for name in re.findall(r"^class (\w+)", code, re.M):
+        files = _definers(name, member_of=name)
+        assert len(files) <= 1, f"{SHARED_HEADER}'s class {name} has members defined in several files: {files}"
+        if files:
+            out[name] = files[0]
+    return out
+
+
+def test_shared_header_names_the_file_of_each_declaration():
+    """The file a declaration's comment names (the first .cpp named in the nearest comment line that names one)
+    is the file that defines it."""
+    declared, named = shared_declarations(), None
+    for line in _read(SHARED_HEADER).splitlines():
+        if line.lstrip().startswith("//"):
+            files = re.findall(r"[\w/]+\.cpp", line)
+            named = files[0] if files else named
+            continue
+        m = _DECLARED.match(line) or re.match(r"class (\w+)", line)
+        if m and m.group(1) in declared:
+            assert named == declared[m.group(1)], f"{SHARED_HEADER}: {m.group(1)} is defined in " \
+                f"{declared[m.group(1)]}, but the comment above it names {named}"
+    assert {"cpu_alias", "AdoptScope", "adopt_storage", "resize_npu_storage"} <= declared.keys(), declared
+
+
+def _node(rel: str) -> str:
+    """A room, or a top-level file: those are not one room (module.cpp binds every room, npu_tensor.cpp is below
+    every room), so each is a node of its own."""
+    return os.path.dirname(rel) or rel
+
+
+def room_graph() -> dict[str, dict[str, str]]:
+    """node -> node it depends on -> why: an include of a file of the other node, or a use of a function that
+    npu_tensor.h declares and a file of the other node defines (the link-level edge the include hides)."""
+    declared, edges = shared_declarations(), {}
+    for rel in GLUE + RUNTIME + ALLOCATOR:
+        here = edges.setdefault(_node(rel), {})
+        for inc in local_includes(rel):
+            if inc != C_ABI and not inc.startswith("include" + os.sep) and _node(inc) != _node(rel):
+                here.setdefault(_node(inc), f"{rel} includes {inc}")
+        if rel == SHARED_HEADER:
+            continue  # declaring is not using
+        code = _code(_read(rel))
+        for name, definer in declared.items():
+            if _node(definer) != _node(rel) and re.search(rf"\b{name}\b", code):
+                here.setdefault(_node(definer), f"{rel} uses {name} ({definer})")
+    return edges
+
+
+def find_circle(edges: dict[str, dict[str, str]]) -> list[str]:
+    """One circle of the graph as its edges' reasons, or [] if there is none."""
+    state, path = {}, []
+
+    def visit(a: str) -> list[str]:
+        state[a] = "open"
+        path.append(a)
+        for b in sorted(edges.get(a, {})):
+            if state.get(b) == "open":
+                ring = path[path.index(b):] + [b]
+                return [edges[x][y] for x, y in zip(ring, ring[1:])]
+            if b not in state and (found := visit(b)):
+                return found
+        path.pop()
+        state[a] = "done"
+        return []
+
+    for a in sorted(edges):
+        if a not in state and (found := visit(a)):
+            return found
+    return []
+
+
+def test_circle_finder_sees_two_rooms_including_each_other():
+    mutual = {"graph": {"op_path": "graph/x.cpp includes op_path/y.h"},
+              "op_path": {"graph": "op_path/y.cpp includes graph/x.h"}, "aten": {"graph": "aten/z.cpp includes graph/x.h"}}
+    assert find_circle(mutual) == ["graph/x.cpp includes op_path/y.h", "op_path/y.cpp includes graph/x.h"]
+    assert find_circle({"graph": {"op_path": "g"}, "op_path": {"launch": "o"}, "launch": {}}) == []
+
+
+def test_rooms_have_no_circle():
+    graph = room_graph()
+    assert "op_path" in graph["graph"] or "launch" in graph["graph"], graph["graph"]  # the graph sees edges at all
+    circle = find_circle(graph)
+    assert not circle, "device_core rooms depend on each other in a circle: " + "; ".join(circle) + \
+        ". Move what both sides need below them (as npu_tensor.cpp holds the CPU-alias primitives)"
 
 
 # --- the communicator seam (npudist/hccl) ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 // The copy kernels of the npu (aten::_copy_from, _copy_from_and_resize, _local_scalar_dense) and their launch
 // policy: a copy between npu tensors of one device, or between an npu tensor and pinned host memory with
 // non_blocking, is a queued kernel; other copies and scalar reads touch the bytes after the npu sides' queued
-// work, as cudaMemcpy does. Above the op path's CPU aliases (op_path/op_aliases.cpp), launch and graph capture.
+// work, as cudaMemcpy does. Above the CPU aliases (npu_tensor.cpp), launch and graph capture.
 #include <ATen/EmptyTensor.h>
 #include <torch/library.h>
 

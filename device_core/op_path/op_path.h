@@ -2,9 +2,10 @@
 // aliases of the npu bytes, inline or queued on the current stream. The units:
 //   op_schema.cpp     what a schema allows: views, written arguments, queueable returns, the out= overload
 //   op_signature.cpp  the signature key of a call and the outputs its Meta kernel infers (cached per key)
-//   op_aliases.cpp    CPU aliases of npu tensors, adoption of CPU-kernel outputs (npu_tensor.h)
 //   fallback.cpp      the boxed fallback: one op, inline or queued, results mapped back to npu
 //   op_redirects.cpp  which aten ops take the fallback although they have other kernels
+// The CPU aliases of npu tensors and the adoption of CPU-kernel outputs it uses are primitives below every
+// room (npu_tensor.h, defined in npu_tensor.cpp).
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

@@ -12,7 +12,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "allocator/npu_allocator.h"
 #include "launch/launch.h"
 #include "npu_tensor.h"
 #include "npu_runtime.h"
@@ -62,7 +61,9 @@ std::unordered_map<void*, LiveAlloc> g_live;
 std::atomic<size_t> g_tracked{0};
 
 std::pair<int64_t, int64_t> device_totals(int device) {
-  auto* a = dynamic_cast<c10::DeviceAllocator*>(memory::allocator());
+  // Through c10's registry (module.cpp registers the npu allocator there at import), not allocator/: the
+  // allocator reports to the profiler, so the profiler reading the allocator room back would be a circle.
+  auto* a = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(kNpu));
   if (!a) return {0, 0};
   try {
     auto s = a->getDeviceStats(static_cast<c10::DeviceIndex>(device));

@@ -1,4 +1,6 @@
-// The op path, CPU side (docs/op_path.md): npu bytes seen as CPU tensors, CPU-kernel outputs adopted as npu.
+// The primitives npu_tensor.h declares for every room: npu bytes seen as CPU tensors (cpu_alias and its
+// storages), tensors over a given storage, and CPU-kernel outputs adopted as npu memory. They sit below
+// the rooms (op_path, graph and aten call them) and depend only on the allocator's interface.
 //
 // Why a CPU-allocator wrapper (and not a copy): new outputs of a CPU kernel are allocated through the
 // CPU allocator. During the fallback a thread-local scope makes the CPU allocator (which we wrap, and
