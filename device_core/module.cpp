@@ -168,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
   }));
   m.def("_stream_priority", [](int64_t s) { return rt::api().stream_priority(s); });
   m.attr("_SYNC_LAUNCH_STREAM_IDS") = py::make_tuple(NPUDIST_SYNC_LAUNCH_STREAM_FIRST, NPUDIST_SYNC_LAUNCH_STREAMS);
+  m.attr("_GRAPH_CAPTURE_STREAM") = NPUDIST_GRAPH_CAPTURE_STREAM;
   m.def("_sync_launch_stream", [](int d) { check_index(d); return launch::sync_launch_stream(d); },
         "A stream id of the device's sync-launch pool (torch.npu.SyncLaunchStream; launch.h).");
   m.def("_npu_utilization", [](int d, int64_t window_ns) { check_index(d); return launch::utilization(d, window_ns); },

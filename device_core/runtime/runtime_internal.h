@@ -19,10 +19,12 @@ constexpr int kMaxDevices = NPUDIST_MAX_DEVICES;
 // Stream ids per device: 0 = default stream, 1..kPoolSize low priority, kPoolSize+1..2*kPoolSize high.
 constexpr int64_t kPoolSize = 32;
 constexpr int64_t kStreamsPerDevice = 1 + 2 * kPoolSize;
-// Above torch's pool: the sync-launch pool (runtime_c_api.h). Ids 0..kStreamIds-1 are valid; the budget counts
-// only torch's pool, as the sync-launch streams are shared by every SyncLaunchStream of the process.
+// Above torch's pool: the sync-launch pool, then torch.npu.graph's default capture stream (runtime_c_api.h). Ids
+// 0..kStreamIds-1 are valid; the budget counts only torch's pool, as the streams above it are shared by the process.
 static_assert(NPUDIST_SYNC_LAUNCH_STREAM_FIRST == kStreamsPerDevice, "sync-launch ids follow torch's pool");
-constexpr int64_t kStreamIds = kStreamsPerDevice + NPUDIST_SYNC_LAUNCH_STREAMS;
+static_assert(NPUDIST_GRAPH_CAPTURE_STREAM == kStreamsPerDevice + NPUDIST_SYNC_LAUNCH_STREAMS,
+              "the capture stream follows the sync-launch pool");
+constexpr int64_t kStreamIds = NPUDIST_STREAM_IDS;
 // Streams an Atlas A2 device has (aclrtCreateStream's documented maximum, the default stream included).
 // The ids above stay pooled; the budget counts who holds a stream (runtime_stream_budget.cpp).
 constexpr int64_t kStreamBudget = 1984;

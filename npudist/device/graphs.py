@@ -121,8 +121,9 @@ class NPUGraph:
 class graph:
     """Context manager capturing npu work into ``npu_graph`` (``torch.cuda.graph``'s interface).
 
-    Synchronises the device, then captures on ``stream`` (default: one side stream shared by all captures,
-    as torch.cuda does). ``pool`` shares a memory-pool token with other graphs.
+    Synchronises the device, then captures on ``stream`` (default: one side stream per device shared by all
+    captures, as torch.cuda does, which no ``torch.npu.Stream()`` ever is). ``pool`` shares a memory-pool token
+    with other graphs.
     """
 
     default_capture_stream: streams.Stream | None = None
@@ -134,7 +135,7 @@ class graph:
         if stream is None:
             if graph.default_capture_stream is None or \
                     graph.default_capture_stream.device_index != core.current_device():
-                graph.default_capture_stream = streams.Stream()
+                graph.default_capture_stream = streams.graph_capture_stream(core.current_device())
             stream = graph.default_capture_stream
         self.npu_graph = npu_graph
         self.pool = pool

@@ -195,6 +195,13 @@ def _wrap(device_index: int, stream_id: int) -> Stream | SyncLaunchStream:
     return cls(stream_id=stream_id, device_index=device_index, device_type=_NPU_TYPE)
 
 
+def graph_capture_stream(device_index: int) -> Stream:
+    """``torch.npu.graph``'s default capture stream of a device. Its id is its own, above torch's round-robin pool
+    and the sync-launch pool (runtime_c_api.h, NPUDIST_GRAPH_CAPTURE_STREAM): drawn from the pool it would be every
+    32nd ``torch.npu.Stream()`` again, whose work would then be captured and whose graph task update refused."""
+    return Stream(stream_id=_GRAPH_CAPTURE, device_index=device_index, device_type=_NPU_TYPE)
+
+
 def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device``."""
     idx = core._checked_index(device)
@@ -253,3 +260,4 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 _NPU_TYPE = 20  # c10::DeviceType::PrivateUse1, what torch.Stream.device_type reports
 # The sync-launch pool's stream ids (runtime_c_api.h).
 _SYNC_FIRST, _SYNC_COUNT = _C._SYNC_LAUNCH_STREAM_IDS
+_GRAPH_CAPTURE = _C._GRAPH_CAPTURE_STREAM

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+import npudist
 from runtime_ext import (DEVICE_TO_DEVICE, DEVICE_TO_HOST, HOST_TO_DEVICE, HOST_TO_HOST, INVALID_DEVICE,
                          INVALID_VALUE, SUCCESS, api, ext, launch_host_fill)
 
@@ -18,8 +19,8 @@ def test_table_is_a_named_versioned_capsule():
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     assert get_name(cap) == b"npudist.runtime_api"
     # 3: memory, copies, streams, events, properties; 4: stream_wait_event; 5: communication buffers;
-    # 6: the stream budget (stream_from_pool, stream_hold)
-    assert ext().version(cap) == 6
+    # 6: the stream budget (stream_from_pool, stream_hold); 7: the graph capture stream's id
+    assert ext().version(cap) == 7
     with pytest.raises(ValueError):  # PyCapsule_GetPointer: wrong or missing capsule
         ext().version(object())
 
@@ -89,6 +90,11 @@ def test_stream_create_priority_and_bad_ids():
     assert status == SUCCESS and high != low and high_prio == -1
     assert ext().stream_query(api(), 0, 0) == 1
     assert ext().stream_query(api(), 0, 10**6) == -1  # invalid stream id
+    # The last valid id is torch.npu.graph's default capture stream, above torch's pool and the sync-launch pool.
+    first_sync, sync_count = npudist._C._SYNC_LAUNCH_STREAM_IDS
+    capture = npudist._C._GRAPH_CAPTURE_STREAM
+    assert capture == first_sync + sync_count and ext().stream_query(api(), 0, capture) == 1
+    assert ext().stream_query(api(), 0, capture + 1) == -1
     status, err = ext().launch_host_fill(api(), 0, 0, b"\0", 0, 0, 10**6)
     assert status == INVALID_DEVICE and "stream id" in err
 

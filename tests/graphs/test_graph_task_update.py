@@ -9,16 +9,6 @@ import torch_npu
 from npudist.device import graph_handlers
 
 
-
-def _update_stream():
-    """A new stream that is not torch.npu.graph's default capture stream. The pool hands streams out round robin, so
-    every pool-size-th torch.npu.Stream() is that capture stream again, and an update from the capture stream is
-    refused (as on torch_npu): which one a test gets depends on how many streams earlier tests made."""
-    s = torch.npu.Stream()
-    capture = torch.npu.graph.default_capture_stream
-    return torch.npu.Stream() if capture is not None and s == capture else s
-
-
 def _ifa(q, k, v, lengths):
     return torch_npu.npu_fused_infer_attention_score(
         q, k, v, num_heads=q.shape[1], input_layout="BNSD", scale=0.125, pre_tokens=65535, next_tokens=65535,
@@ -38,7 +28,7 @@ def test_fused_infer_attention_actual_seq_lengths_update_matches_eager():
     assert not torch.equal(expected_29.cpu(), expected_100.cpu())  # the lengths matter: rows past them are 0
     g = torch.npu.NPUGraph()
     event = torch.npu.ExternalEvent()
-    update_stream = _update_stream()
+    update_stream = torch.npu.Stream()
     with torch.no_grad():
         with torch.npu.graph(g):
             stream = torch.npu.current_stream()
@@ -64,7 +54,7 @@ def test_fused_infer_attention_actual_seq_lengths_update_matches_eager():
 
 def test_scalar_argument_update_and_later_tasks_see_it():
     g, x, handle, _, y, z = _captured_group(lambda x: torch.mul(x, 3.0), torch.arange(8.0).npu(), lambda y: y + 1)
-    update_stream = _update_stream()
+    update_stream = torch.npu.Stream()
     with torch.npu.stream(update_stream):
         torch.npu.graph_task_update_begin(update_stream, handle)
         assert torch.npu.is_current_stream_capturing()  # host synchronisation is refused here as in a capture
@@ -105,7 +95,7 @@ def _captured_group(ops, x=None, after=None):
 
 def test_update_with_other_ops_is_refused_and_the_group_keeps_its_tasks():
     g, x, handle, *_ = _captured_group(lambda x: torch.mul(x, 2.0))
-    s = _update_stream()
+    s = torch.npu.Stream()
     with torch.npu.stream(s):
         torch.npu.graph_task_update_begin(s, handle)
         torch.add(x, 1.0)
@@ -122,7 +112,7 @@ def test_update_with_other_ops_is_refused_and_the_group_keeps_its_tasks():
 
 def test_update_changing_the_shape_of_a_result_read_after_the_group_is_refused():
     g, x, handle, *_ = _captured_group(lambda x: x[:4] * 2, torch.arange(8.0).npu(), lambda y: y.add_(1))
-    s = _update_stream()
+    s = torch.npu.Stream()
     with torch.npu.stream(s):
         torch.npu.graph_task_update_begin(s, handle)
         _ = x[:6] * 2
@@ -131,7 +121,7 @@ def test_update_changing_the_shape_of_a_result_read_after_the_group_is_refused()
 
 
 def test_group_misuse_errors():
-    s = _update_stream()
+    s = torch.npu.Stream()
     with pytest.raises(RuntimeError, match="not capturing an NPUGraph"):
         torch.npu.graph_task_group_begin(s)
     g = torch.npu.NPUGraph()
@@ -158,7 +148,7 @@ def test_group_misuse_errors():
 
 def test_update_of_a_reset_or_deleted_graph_or_during_capture_is_refused():
     g, x, handle, capture_stream, *_ = _captured_group(lambda x: torch.mul(x, 2.0))
-    s = _update_stream()
+    s = torch.npu.Stream()
     with pytest.raises(RuntimeError, match="capture stream"):
         torch.npu.graph_task_update_begin(capture_stream, handle)
     g.reset()
@@ -256,7 +246,7 @@ def test_intermediates_may_change_shape_while_the_group_result_keeps_its_place()
         out = body(3)
         handle = torch.npu.graph_task_group_end(stream)
         total = out.sum()
-    s = _update_stream()
+    s = torch.npu.Stream()
     for n in (6, 2, 5):  # (8 would pad nothing: the fill_ goes, a different task list, refused)
         with torch.npu.stream(s):
             torch.npu.graph_task_update_begin(s, handle)

@@ -321,3 +321,34 @@ def test_composite_ops_sizing_an_empty_out_argument_replay():
     y.zero_()
     g.replay()
     assert torch.equal(y.cpu(), new.abs()) and torch.equal(z.cpu(), new.isinf())
+
+
+def test_default_capture_stream_is_never_a_new_stream():
+    """torch.npu.graph's default capture stream has an id of its own above torch's round-robin pool (as the
+    sync-launch streams do): were it drawn from the pool, every 32nd torch.npu.Stream() would be it again."""
+    x = torch.arange(4.0).npu()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        capture = torch.npu.current_stream()
+        y = x * 2
+    assert capture == torch.npu.graph.default_capture_stream and type(capture) is torch.npu.Stream
+    assert capture.stream_id != 0 and capture.priority == 0
+    made = [torch.npu.Stream() for _ in range(70)] + [torch.npu.Stream(priority=-1) for _ in range(70)] + \
+        [torch.npu.SyncLaunchStream() for _ in range(8)] + [torch.npu.Stream(is_sync_launch=1) for _ in range(8)]
+    assert len({s.stream_id for s in made[:70]}) == 32  # the pool did wrap around (twice)
+    assert not [s for s in made if s == capture or s.stream_id == capture.stream_id]
+    # A stream of its own that works as any other: work on it is ordered, replay still follows the inputs.
+    with torch.npu.stream(capture):
+        z = x + 1
+    torch.npu.current_stream().wait_stream(capture)
+    x.fill_(5.0)
+    g.replay()
+    torch.npu.synchronize()
+    assert torch.equal(z.cpu(), torch.arange(4.0) + 1) and torch.equal(y.cpu(), torch.full((4,), 10.0))
+    # One per device: a capture on another device gets that device's stream of the same id.
+    with torch.npu.device(1):
+        g1 = torch.npu.NPUGraph()
+        with torch.npu.graph(g1):
+            other = torch.npu.current_stream()
+            _ = torch.ones(2, device="npu:1") * 3
+    assert other.device_index == 1 and other.stream_id == capture.stream_id and other != capture

@@ -22,7 +22,8 @@ extern "C" {
 // 4: stream_wait_event (appended; a consumer built for version N works with any table of version >= N).
 // 5: communication buffers held outside the caching allocator (comm_buffer_*).
 // 6: the stream budget: stream_create holds a stream until stream_destroy; stream_from_pool; stream_hold.
-#define NPUDIST_RUNTIME_API_VERSION 6
+// 7: stream id NPUDIST_GRAPH_CAPTURE_STREAM is valid on every device (NPUDIST_STREAM_IDS ids in all).
+#define NPUDIST_RUNTIME_API_VERSION 7
 #define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
 #define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
 // Stream ids NPUDIST_SYNC_LAUNCH_STREAM_FIRST .. + NPUDIST_SYNC_LAUNCH_STREAMS - 1 of every device are torch_npu's
@@ -30,6 +31,12 @@ extern "C" {
 // launching thread, after the work queued there; to the runtime they are ordinary streams.
 #define NPUDIST_SYNC_LAUNCH_STREAM_FIRST 65
 #define NPUDIST_SYNC_LAUNCH_STREAMS 4
+// Stream id NPUDIST_GRAPH_CAPTURE_STREAM of every device is torch.npu.graph's default capture stream. It has an id
+// of its own above torch's round-robin pool (which would hand it out again as every 32nd torch.npu.Stream(), whose
+// work would then be captured, or whose graph task update would be refused); to the runtime it is an ordinary stream.
+#define NPUDIST_GRAPH_CAPTURE_STREAM (NPUDIST_SYNC_LAUNCH_STREAM_FIRST + NPUDIST_SYNC_LAUNCH_STREAMS)
+// Stream ids 0 .. NPUDIST_STREAM_IDS - 1 are valid on every device.
+#define NPUDIST_STREAM_IDS (NPUDIST_GRAPH_CAPTURE_STREAM + 1)
 
 typedef int npudist_status;
 enum {
