@@ -56,6 +56,11 @@ class DeviceHooks {
   // even while kernels queued on that stream still read or write it (stream-ordered reuse, docs/memory.md), so
   // its segment may leave only once they ran, as cudaFree synchronizes the device.
   virtual void synchronize_device(int device) = 0;
+  // Called (allocator lock released) before an allocation that would raise the device's peak of allocated bytes
+  // (max_memory_allocated). Memory that the host has dropped but queued work still holds (another stream's work)
+  // would otherwise set a peak that running in step with the device never reaches; the hook may wait for that
+  // work to run and release what it held (docs/memory.md, "Peak memory"). Default: nothing.
+  virtual void before_new_peak(int /*device*/, int64_t /*stream*/) {}
   // Device memory: a fixed segment (nullptr when the device cannot provide it) ...
   virtual void* map_segment(int device, size_t size) = 0;
   virtual void unmap_segment(void* ptr, size_t size) = 0;

@@ -50,6 +50,13 @@ Block* DeviceAllocator::malloc(size_t orig_size, int64_t stream, const Context& 
   std::unique_lock<std::mutex> lock(mu_);
   process_events();
   size_t size = round_size(cfg_, orig_size);
+  const Stat& allocated = stats_.allocated_bytes[kAggregate];
+  if (allocated.current + static_cast<int64_t>(size) > allocated.peak) {
+    lock.unlock();
+    hooks_->before_new_peak(device_, stream);
+    lock.lock();
+    process_events();
+  }
   BlockPool* pool = pool_for(size, stream);
   AllocParams p{stream, size, caching_ ? segment_size_for(size) : size, pool, nullptr, &ctx};
   bool found = false;

@@ -16,11 +16,13 @@ c10::Allocator* allocator();
 bool owns(void* ptr);
 
 // Whether a kernel queued on `stream` may reference the memory behind data_ptr without holding it: a block of
-// the caching allocator (caching on) allocated on that stream. Such a block, freed by the host, returns to the
-// stream's pool at once and is handed to the stream's next allocation; that allocation's work runs after the
-// queued kernel because the stream runs in order, and its segment leaves the allocator only after the device's
-// streams ran (DeviceHooks::synchronize_device). Any other memory (another stream's block, swapped or pluggable
-// allocations, caching off) must be held by the kernel until it ran.
+// the caching allocator (caching on). A block of that stream, freed by the host, returns to the stream's pool at
+// once and is handed to the stream's next allocation, whose work runs after the queued kernel because the stream
+// runs in order. Another stream's block gets the kernel's use recorded as Tensor.record_stream(stream) records it
+// (the call records it): freed by the host, it is reused only once `stream` ran what was queued before the free.
+// Either way the segment leaves the allocator only after the device's streams ran
+// (DeviceHooks::synchronize_device). Any other memory (swapped or pluggable allocations, caching off) must be
+// held by the kernel until it ran.
 bool stream_ordered(const c10::DataPtr& data_ptr, int64_t stream);
 
 // Tensor.record_stream: the block behind data_ptr must not be reused until `stream` has passed the

@@ -11,9 +11,11 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -42,6 +44,56 @@ using detail::raw_alloc;
 using detail::raw_delete;
 using detail::stream_handle;
 
+// ---- peak memory under asynchronous launch (docs/memory.md, "Peak memory"). Queued work of another stream can
+// hold memory the host has dropped: a collective keeps its tensors until it ran on the group's comm stream, a
+// kernel queued on memory outside the pools holds it. In step with the device (blocking launch) that memory
+// would be free by now, so an allocation that would raise the peak first lets the device catch up (bounded)
+// and releases what finished kernels held. Only on a thread that launches (never a stream's worker, which
+// would wait for itself), only when another stream has queued work (the allocating stream's own queued kernels
+// hold nothing the host dropped: stream-ordered reuse), never while capture or a profiler keeps launch
+// synchronous. Bounded because the queued work may wait for this thread (an ExternalEvent it records later, a
+// host function that needs its GIL): after a wait that ran out, the device's next waits are skipped for
+// kPeakWaitPause, so such a program pays at most one bound per pause.
+constexpr auto kPeakWaitBound = std::chrono::milliseconds(200);
+constexpr auto kPeakWaitPause = std::chrono::seconds(1);
+std::atomic<int64_t> g_peak_wait_paused_until[NPUDIST_MAX_DEVICES];
+
+bool busy_besides(int d, int64_t stream) {
+  for (int64_t s = 0; s < NPUDIST_STREAM_IDS; ++s) {
+    if (s != stream && rt::api().stream_query(d, s) == 0) return true;
+  }
+  return false;
+}
+
+bool device_busy(int d) { return busy_besides(d, -1); }
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void catch_up_before_new_peak(int d, int64_t stream) {
+  if (!launch::launching_thread() || !launch::may_queue(d)) return;
+  launch::release_finished();  // kernels that already ran let go of what they held
+  if (!busy_besides(d, stream) || steady_ns() < g_peak_wait_paused_until[d].load(std::memory_order_relaxed)) return;
+  const int64_t deadline = steady_ns() + std::chrono::nanoseconds(kPeakWaitBound).count();
+  bool drained;
+  {
+    std::optional<pybind11::gil_scoped_release> no_gil;  // host functions on the streams may need the GIL
+    if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
+    int spins = 0;
+    while (!(drained = !device_busy(d)) && steady_ns() < deadline) {
+      if (++spins < 64) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  if (!drained) {
+    g_peak_wait_paused_until[d].store(steady_ns() + std::chrono::nanoseconds(kPeakWaitPause).count(),
+                                      std::memory_order_relaxed);
+  }
+  launch::release_finished();
+}
+
 // The core's device: the runtime's C table. Markers are runtime events owned by a shared_ptr.
 struct RuntimeHooks final : alloc::DeviceHooks {
   int device_count() override { return rt::device_count(); }
@@ -64,6 +116,7 @@ struct RuntimeHooks final : alloc::DeviceHooks {
     rt::check(rt::api().event_synchronize(static_cast<NpudistEvent>(m.get())));
   }
   void synchronize_device(int d) override { rt::check(rt::api().device_synchronize(d)); }
+  void before_new_peak(int d, int64_t stream) override { catch_up_before_new_peak(d, stream); }
   void* map_segment(int d, size_t size) override {
     void* p = nullptr;
     return rt::api().malloc(d, size, &p) == NPUDIST_SUCCESS ? p : nullptr;
@@ -392,7 +445,10 @@ bool stream_ordered(const c10::DataPtr& data_ptr, int64_t stream) {
     std::lock_guard<std::mutex> lock(g_plug_mu);
     if (g_plug_live.count(data_ptr.get())) return false;
   }
-  return c->stream_of(data_ptr.get()) == stream;
+  const int64_t owner = c->stream_of(data_ptr.get());
+  if (owner < 0) return false;
+  if (owner != stream) c->record_stream(data_ptr.get(), stream);  // the caller holds the storage: still live
+  return true;
 }
 
 void record_stream(const c10::DataPtr& data_ptr, c10::Stream stream) {

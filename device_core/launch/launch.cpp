@@ -448,7 +448,14 @@ void raise_queued_warnings() {
   if (dropped) TORCH_WARN(dropped, " more warnings of queued npu kernels were dropped");
 }
 
+namespace {
+thread_local bool t_launched = false;
+}  // namespace
+
+bool launching_thread() { return t_launched; }
+
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost) {
+  t_launched = true;
   release_finished();
   raise_queued_warnings();
   int64_t stream = rt::api().get_stream(device);

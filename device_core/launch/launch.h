@@ -54,6 +54,11 @@ struct LaunchCost {
 // raised at the call.
 void enqueue(int device, const char* op, std::function<void()> kernel, LaunchCost cost = {});
 
+// True on a thread that has queued a kernel (enqueue): a host thread that launches, not a stream's worker nor a
+// collective's thread. Only such a thread may wait for the device on its own behalf (the allocator's
+// before_new_peak): a worker waiting for the device would wait for itself.
+bool launching_thread();
+
 // The inline-or-enqueue decision for a kernel the caller found cheaper than its hand-off (`candidate`: it touches at
 // most kInlineBytes and its inline run took less than inline_kernel_ns(); op_path.h, KernelCost). True: run it
 // on the calling thread now; the stream is idle, and what an inline run does first is done (counted, finished

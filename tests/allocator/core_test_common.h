@@ -80,6 +80,14 @@ struct FakeHooks : DeviceHooks {
     ++device_syncs[device];
     if (on_device_sync) on_device_sync(device);
   }
+  // before_new_peak calls as (device, stream), and what the test does there (e.g. free a block that queued work
+  // held, as the runtime's hook does by releasing finished kernels).
+  std::vector<std::pair<int, int64_t>> peak_calls;
+  std::function<void(int device)> on_new_peak;
+  void before_new_peak(int device, int64_t stream) override {
+    peak_calls.emplace_back(device, stream);
+    if (on_new_peak) on_new_peak(device);
+  }
   // Device memory faked with host mappings (what the emulated runtime does, without shareable segments).
   void* map_segment(int, size_t size) override {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

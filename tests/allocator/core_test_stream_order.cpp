@@ -100,7 +100,35 @@ void test_most_recently_freed_first_among_equal_fits() {
   check_invariants(*e.a);
 }
 
+// An allocation that would raise the peak of allocated bytes first calls before_new_peak, lock released: what
+// the hook frees there (memory queued work held) is reused and the peak stays. Below the peak nothing is called.
+void test_new_peak_calls_the_hook_first() {
+  Env e;
+  void* a = e.a->malloc(0, 4 * MiB, 0);
+  CHECK_EQ(e.hooks->peak_calls.size(), size_t{1});  // 0 + 4 MiB > a peak of 0
+  CHECK_EQ(e.hooks->peak_calls[0].second, int64_t{0});
+  e.a->free(a);
+  void* b = e.a->malloc(0, 4 * MiB, 0);  // back to the peak, not above it
+  CHECK_EQ(e.hooks->peak_calls.size(), size_t{1});
+  // b is dropped by the host but held by queued work until the hook lets it go.
+  e.hooks->on_new_peak = [&](int) {
+    if (b) e.a->free(b);
+    b = nullptr;
+  };
+  void* c = e.a->malloc(0, 4 * MiB, 7);
+  CHECK_EQ(e.hooks->peak_calls.size(), size_t{2});
+  CHECK_EQ(e.hooks->peak_calls[1].second, int64_t{7});
+  CHECK_EQ(e.st().allocated_bytes[kAggregate].peak, int64_t{4 * MiB});  // b's 4 MiB went first
+  e.a->free(c);
+  e.a->reset_peak_stats(0);  // the peak is max_memory_allocated's: a reset lowers the bar
+  void* d = e.a->malloc(0, 1 * MiB, 0);
+  CHECK_EQ(e.hooks->peak_calls.size(), size_t{3});
+  e.a->free(d);
+  check_invariants(*e.a);
+}
+
 RegisterCoreTests reg_stream_order({
+    {"new_peak_calls_the_hook_first", test_new_peak_calls_the_hook_first},
     {"most_recently_freed_first_among_equal_fits", test_most_recently_freed_first_among_equal_fits},
     {"freed_block_serves_its_stream_at_once", test_freed_block_serves_its_stream_at_once},
     {"empty_cache_waits_for_the_streams_before_unmapping", test_empty_cache_waits_for_the_streams_before_unmapping},

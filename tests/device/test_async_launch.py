@@ -403,11 +403,13 @@ def test_synchronize_releases_what_finished_kernels_held():
 
 
 def test_an_allocation_that_would_run_out_releases_finished_kernels_and_retries():
-    """A finished kernel holds another stream's block it used until the host next launches or synchronizes (its
-    own stream's blocks it does not hold: docs/memory.md, "Stream-ordered reuse"); an allocation that would fail
-    before then releases it and retries instead of raising OutOfMemoryError."""
+    """A finished kernel holds memory outside the caching allocator's pools (here: caching off) until the host
+    next launches or synchronizes (pool blocks it does not hold: docs/memory.md, "Stream-ordered reuse"); an
+    allocation that would fail before then releases it and retries instead of raising OutOfMemoryError. The
+    allocation runs on a thread that never launched, which does not wait before a new peak (docs/memory.md,
+    "Peak memory"), so the out-of-memory path is the one that releases."""
     code = """
-import time, torch, npudist
+import threading, time, torch, npudist
 n = 6 * 2**20  # 24 MiB of float32; the device has 64 MiB
 side = torch.npu.Stream()
 w = torch.ones(n, device='npu')
@@ -419,17 +421,20 @@ x = torch.ones(n, device='npu')
 side.wait_stream(torch.npu.current_stream())
 with torch.npu.stream(side):
     y = x + 1
-del x  # a block of the default stream: the kernel queued on `side` holds it
+del x  # caching off: the kernel queued on `side` holds x's memory
 while not side.query():  # the kernel ran; query() releases nothing
     time.sleep(0.001)
 assert torch.npu.memory_allocated() == 2 * n * 4, torch.npu.memory_allocated()  # x: still held by the finished task
-z = torch.empty(n, device='npu')  # x + y + z would not fit: x's task is released and the allocation retried
+out = []
+t = threading.Thread(target=lambda: out.append(torch.empty(n, device='npu')))  # x + y + z would not fit
+t.start(); t.join()
+assert out, 'the allocation raised'
 assert torch.npu.memory_allocated() == 2 * n * 4, torch.npu.memory_allocated()
 assert torch.equal(y.cpu(), torch.full((n,), 2.0))
 print('ok')
 """
     res = run_python(code, env={"NPUDIST_DEVICE_MEMORY": "64MiB", "ASCEND_LAUNCH_BLOCKING": "0",
-                                "NPUDIST_LAUNCH_BLOCKING": "0"}, timeout=120)
+                                "NPUDIST_LAUNCH_BLOCKING": "0", "PYTORCH_NO_NPU_MEMORY_CACHING": "1"}, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
 
 

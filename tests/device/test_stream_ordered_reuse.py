@@ -60,9 +60,10 @@ def test_queued_kernels_hold_no_memory_of_their_stream():
 
 
 @needs_async
-def test_another_streams_block_is_held_until_the_kernel_ran():
-    """Without record_stream a block is reused in its own stream's order only: a kernel queued on a side stream
-    holds the default stream's block it reads, so the default stream's next allocation cannot get it."""
+def test_another_streams_use_is_recorded_as_record_stream_does():
+    """A kernel queued on a side stream that reads a block of the default stream records that use, as
+    ``record_stream(side)`` would: the host's free lowers memory_allocated at once (nothing holds the block),
+    yet the default stream's next allocation cannot get the block until the side stream ran the read."""
     side = torch.npu.Stream()
     x = torch.full((N,), 3.0, device="npu")
     _warm(x)
@@ -71,12 +72,17 @@ def test_another_streams_block_is_held_until_the_kernel_ran():
         with torch.npu.stream(side):
             y = x * 2
         old = x.data_ptr()
+        before = torch.npu.memory_allocated()
         del x
+        assert torch.npu.memory_allocated() == before - N * 4  # freed, as after record_stream on CUDA
         other = torch.empty(N, device="npu")
-        assert other.data_ptr() != old
+        assert other.data_ptr() != old  # but not reused while the side stream's read is queued
         other.fill_(1.0)
+        assert not side.query()
     torch.npu.synchronize()
     assert torch.equal(y.cpu(), torch.full((N,), 6.0))
+    again = torch.empty(N, device="npu")  # the read ran: the block serves its stream again
+    assert again.data_ptr() == old
 
 
 @needs_async
