@@ -188,8 +188,19 @@ void resize_npu_storage(c10::StorageImpl* s, size_t nbytes) {
     if (keep) rt::check(rt::api().memcpy(dst, old.get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
     return;
   }
-  // Queued kernels may still use the old bytes (e.g. FSDP's resize_(0) right after the last use): copy and
-  // free them in stream order, as a queued task that owns them.
+  // Queued kernels may still use the old bytes (e.g. FSDP's resize_(0) right after the last use). A block the
+  // caching allocator reuses in the current stream's order (memory::stream_ordered) goes back to the pool now,
+  // as blocking launch would free it: whatever is later written there is queued behind those kernels and the
+  // copy below. Other memory is copied and freed in stream order, by a queued task that owns it.
+  if (memory::stream_ordered(old, rt::api().get_stream(dev))) {
+    const void* src = old.get();
+    if (keep) {
+      launch::enqueue(dev, "storage resize", [src, dst, keep]() {
+        rt::check(rt::api().memcpy(dst, src, keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));
+      });
+    }
+    return;  // `old` frees the block here
+  }
   auto held = std::make_shared<c10::DataPtr>(std::move(old));
   launch::enqueue(dev, "storage resize", [held, dst, keep]() {
     if (keep) rt::check(rt::api().memcpy(dst, held->get(), keep, NPUDIST_MEMCPY_DEVICE_TO_DEVICE));

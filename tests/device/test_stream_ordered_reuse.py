@@ -86,6 +86,31 @@ def test_another_streams_use_is_recorded_as_record_stream_does():
 
 
 @needs_async
+def test_storage_resized_to_zero_while_read_frees_its_block_at_once():
+    """FSDP frees an unsharded parameter with ``untyped_storage().resize_(0)`` right after its last use: the
+    block goes back to the pool at once, as under blocking launch, and the queued kernel still reads it intact
+    (later work on the stream runs after it). Growing a storage queues the copy of its old bytes the same way."""
+    x = torch.arange(N, dtype=torch.float32, device="npu")
+    _warm(x)
+    stream = torch.npu.current_stream()
+    with HostGate(0, stream.stream_id):
+        y = x * 2  # queued: reads x once the gate opens
+        before = torch.npu.memory_allocated()
+        x.untyped_storage().resize_(0)
+        assert torch.npu.memory_allocated() == before - N * 4
+        z = torch.empty(N, device="npu")
+        z.fill_(7.0)  # likely in x's old block: queued behind the read
+        g = torch.arange(N, dtype=torch.float32, device="npu")
+        g_expected = torch.arange(N, dtype=torch.float32)
+        g.untyped_storage().resize_(2 * N * 4)  # the copy of the old bytes is queued too
+        assert not stream.query()
+    torch.npu.synchronize()
+    assert torch.equal(y.cpu(), torch.arange(N, dtype=torch.float32) * 2)
+    assert torch.equal(z.cpu(), torch.full((N,), 7.0))
+    assert torch.equal(g.cpu(), g_expected)
+
+
+@needs_async
 def test_empty_cache_waits_for_kernels_queued_on_freed_blocks():
     x = torch.arange(N, dtype=torch.float32, device="npu")
     _warm(x)
