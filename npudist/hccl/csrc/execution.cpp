@@ -2,6 +2,7 @@
 // error translation, and WorkHCCL.
 #include <ATen/record_function.h>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -127,14 +128,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
   std::lock_guard<std::mutex> issuing(issue_mu_);
   if (needs_connect_) reconnect(spec.name);  // the first op after reinit builds the communicator (reinit.cpp)
   const uint64_t seq = spec.p2p ? ++p2p_seq_ : ++seq_;
-  const uint64_t trace_id = record_op(trace_pg_id_, options_->group_name,
-                                      getGroupDesc().empty() ? options_->group_desc : getGroupDesc(), spec, seq_,
-                                      p2p_seq_, timeout_.count());
-  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
-  work->generation_ = generation_.load();
-  const auto& s = work->spec_;
-  if (coalescing_) coalesced_.push_back(work);
-
   int64_t cur_stream = 0;
   if (device >= 0) {
     cur_stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
@@ -143,14 +136,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
                      .id();
   }
   const bool stream_busy = device >= 0 && api->stream_query(device, cur_stream) == 0;
+  // A synchronous op runs on the caller's thread when nothing is queued before it on the collective lane.
+  const bool run_now = !spec.async && !spec.p2p && coll_lane_.idle();
+  // Nothing to wait for before it runs: it starts as it is recorded (its start time is its issue time).
+  const bool starts_now = run_now && !stream_busy;
+  const uint64_t trace_id = record_op(trace_pg_id_, options_->group_name,
+                                      getGroupDesc().empty() ? options_->group_desc : getGroupDesc(), spec, seq_,
+                                      p2p_seq_, timeout_.count(), starts_now);
+  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
+  work->generation_ = generation_.load();
+  const auto& s = work->spec_;
+  if (coalescing_) coalesced_.push_back(work);
 
-  if (!s.async && !s.p2p && coll_lane_.idle()) {
+  if (run_now) {
     // Synchronous op on the caller's thread: ordered after the current stream by draining it.
     if (stream_busy) api->stream_synchronize(device, cur_stream);
     work->observed_ = true;  // c10d waits on a synchronous op right away: its caller gets any error
     work->future_inline_ = true;
     profiling::note_issue(*work, device, cur_stream);
-    execute(work);
+    if (starts_now) work->started_ = work->issued_;
+    execute(work, starts_now);
     return work;
   }
 
@@ -209,16 +214,21 @@ Lane& ProcessGroupHCCL::p2p_lane(int peer, bool is_send) {
   return *lane;
 }
 
-void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work) {
+void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work, bool started_at_issue) {
   profiling::CollectiveScope collective_event(*work);
-  work->started_ = std::chrono::steady_clock::now();
-  FlightRecorder::get().mark_started(work->trace_id_, trace_pg_id_, work->spec_.p2p ? 0 : work->seq_);
+  if (!started_at_issue) {
+    work->started_ = std::chrono::steady_clock::now();
+    FlightRecorder::get().mark_started(work->trace_id_, trace_pg_id_, work->spec_.p2p ? 0 : work->seq_);
+  }
   std::exception_ptr err;
   try {
     if (aborted_) {
       throw comm::CommError(comm::FailureKind::kAborted, "group was aborted: " + abort_reason_);
     }
-    InlineLaunchScope inline_ops;  // the body's aten ops touch bytes it also reads through data_ptr()
+    // The body's aten ops on npu tensors touch bytes it also reads through data_ptr(): they run inline. An op
+    // on cpu tensors only launches nothing on an npu stream.
+    std::optional<InlineLaunchScope> inline_ops;
+    if (work->device_ >= 0) inline_ops.emplace();
     work->spec_.body(work->seq_);
   } catch (const comm::CommError& e) {
     err = translate_error(e, *work, true);
@@ -294,8 +304,10 @@ const char* profiling_title(const OpSpec& spec) {
   return it->second.c_str();
 }
 
-// A receive has no input: its event shows the buffer it fills, as Gloo's and NCCL's do.
-const std::vector<at::Tensor>& profiled_inputs(const OpSpec& spec) {
+// A receive has no input: its event shows the buffer it fills, as Gloo's and NCCL's do. Without callbacks
+// there is no event (profiling_title is null) and c10d::Work ignores the shapes: no copy of the tensor list.
+std::optional<std::vector<at::Tensor>> profiled_inputs(const OpSpec& spec) {
+  if (!at::hasCallbacks()) return std::nullopt;
   return spec.inputs.empty() ? spec.outputs : spec.inputs;
 }
 

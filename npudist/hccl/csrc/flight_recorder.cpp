@@ -51,7 +51,8 @@ uint64_t FlightRecorder::add_group(std::string name, std::string desc, int rank,
 }
 
 uint64_t FlightRecorder::record(uint64_t pg_id, const std::string& name, const std::string& desc, bool p2p,
-                                uint64_t collective_seq_id, uint64_t p2p_seq_id, Fill fill, const void* ctx) {
+                                uint64_t collective_seq_id, uint64_t p2p_seq_id, Fill fill, const void* ctx,
+                                bool started) {
   const int64_t created = now_ns();
   std::lock_guard<std::mutex> g(mu_);
   GroupTrace& grp = groups_.at(pg_id);
@@ -59,6 +60,7 @@ uint64_t FlightRecorder::record(uint64_t pg_id, const std::string& name, const s
   if (grp.desc != desc) grp.desc = desc;
   const uint64_t op_id = ++grp.ops;
   if (!p2p) grp.last_enqueued = static_cast<int64_t>(collective_seq_id);
+  if (started && !p2p) grp.last_started = std::max(grp.last_started, static_cast<int64_t>(collective_seq_id));
   if (capacity_ == 0) return 0;
   const uint64_t record_id = next_record_++;
   if (ring_.size() < capacity_) ring_.emplace_back();
@@ -70,9 +72,10 @@ uint64_t FlightRecorder::record(uint64_t pg_id, const std::string& name, const s
   e.p2p_seq_id = p2p_seq_id;
   e.op_id = op_id;
   e.p2p = p2p;
-  e.state = TraceState::kScheduled;
+  e.state = started ? TraceState::kStarted : TraceState::kScheduled;
   e.created_ns = created;
-  e.started_ns = e.completed_ns = 0;
+  e.started_ns = started ? created : 0;
+  e.completed_ns = 0;
   e.retired = false;
   e.error.clear();
   fill(e, ctx);

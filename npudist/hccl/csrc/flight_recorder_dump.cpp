@@ -82,14 +82,14 @@ void add_total(const std::vector<at::Tensor>& ts, SideWriter& w) {
 
 // The issuing thread's name, as c10::getThreadName() reports it (a prctl system call, ~130 ns here), read
 // again at most once per millisecond per thread: a thread renamed between two collectives less than 1 ms
-// apart shows its previous name in the second entry.
-const std::string& current_thread_name() {
+// apart shows its previous name in the second entry. `now_ns` is the entry's creation time (the recorder's
+// wall clock, read anyway): a clock that stepped back also rereads the name.
+const std::string& current_thread_name(int64_t now_ns) {
   static thread_local std::string name;
-  static thread_local std::chrono::steady_clock::time_point read_at;
-  const auto now = std::chrono::steady_clock::now();
-  if (name.empty() || now - read_at >= std::chrono::milliseconds(1)) {
+  static thread_local int64_t read_at_ns = 0;
+  if (name.empty() || now_ns - read_at_ns >= 1'000'000 || now_ns < read_at_ns) {
     name = c10::getThreadName();
-    read_at = now;
+    read_at_ns = now_ns;
   }
   return name;
 }
@@ -205,11 +205,10 @@ c10::Dict<c10::IValue, c10::IValue> entry_dict(const TraceEntry& e, const GroupT
 }  // namespace
 
 uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& desc, const OpSpec& s,
-                   uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms) {
+                   uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms, bool started) {
   struct Ctx {
     const OpSpec& s;
     int64_t timeout_ms;
-    const std::string& thread_name;
     const std::string& thread_id;
   };
   static thread_local const std::string thread_id = [] {
@@ -217,7 +216,7 @@ uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& d
     o << std::this_thread::get_id();
     return o.str();
   }();
-  const Ctx ctx{s, timeout_ms, current_thread_name(), thread_id};
+  const Ctx ctx{s, timeout_ms, thread_id};
   auto fill = [](TraceEntry& e, const void* arg) {
     const Ctx& c = *static_cast<const Ctx*>(arg);
     const OpSpec& s = c.s;
@@ -227,7 +226,7 @@ uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& d
     e.reduce_op.assign(s.reduce_op);
     e.root = s.root;
     e.timeout_ms = c.timeout_ms;
-    e.thread_name.assign(c.thread_name);
+    e.thread_name.assign(current_thread_name(e.created_ns));  // fill runs on the issuing thread
     e.thread_id.assign(c.thread_id);
     SideWriter in(e.input_sizes, e.input_dtypes), out(e.output_sizes, e.output_dtypes);
     switch (s.type) {
@@ -248,7 +247,7 @@ uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& d
         add_tensors(s.outputs, out);
     }
   };
-  return FlightRecorder::get().record(pg_id, name, desc, s.p2p, collective_seq, p2p_seq, fill, &ctx);
+  return FlightRecorder::get().record(pg_id, name, desc, s.p2p, collective_seq, p2p_seq, fill, &ctx, started);
 }
 
 std::string dump_pickle(int global_rank, const std::string& reason) {

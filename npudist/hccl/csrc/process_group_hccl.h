@@ -178,7 +178,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   void connect();
   void reconnect(const char* op);
   c10::intrusive_ptr<c10d::Work> issue(OpSpec spec);
-  void execute(const c10::intrusive_ptr<WorkHCCL>& work);
+  // `started_at_issue`: issue() already recorded the op as started (it runs right away on the caller's thread).
+  void execute(const c10::intrusive_ptr<WorkHCCL>& work, bool started_at_issue = false);
   std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool comm_error);
   void check_usable(const char* op);
   void check_tensor(const at::Tensor& t, const char* op, const char* what);
