@@ -27,6 +27,7 @@ void check_peer(int peer, int rank, int n, const char* what) {
 WaitContext ShmEngineImpl::p2p_context(int peer, const std::string& what) const {
   WaitContext ctx;
   ctx.deadline = Clock::now() + cfg_.timeout;
+  ctx.spin_ns = ctx_.spin_ns;
   ctx.abort_flag = &seg_->header()->aborted;
   ctx.peer_alive = [this](int p) { return process_alive(seg_->ctl(p)->proc); };
   ctx.on_fail = [this, what](int why, int p) {

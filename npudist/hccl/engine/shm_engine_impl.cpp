@@ -49,6 +49,7 @@ ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg
   p2p_maps_.resize(size_);
   zc_src_.resize(size_);
   zc_dst_.resize(size_);
+  ctx_.spin_ns = spin_ns_for(size_);
   ctx_.abort_flag = &seg_->header()->aborted;
   ctx_.peer_alive = [this](int peer) { return process_alive(seg_->ctl(peer)->proc); };
   ctx_.on_fail = [this](int why, int peer) { fail_wait(why, peer); };

@@ -73,6 +73,7 @@ bool read_proc_stat(int pid, char* state, uint64_t* start_time) {
 }  // namespace
 
 void Signal::post(uint64_t v) {
+  cpu.store(sched_getcpu(), std::memory_order_relaxed);
   value.store(v, std::memory_order_release);
   word.fetch_add(1, std::memory_order_seq_cst);
   if (waiters.load(std::memory_order_seq_cst) != 0) futex_wake(&word);
@@ -103,10 +104,7 @@ bool process_alive(const ProcessId& p) {
 const WaitTuning& wait_tuning() {
   static const WaitTuning t = [] {
     WaitTuning w;
-    bool oversubscribed = false;  // ranks may outnumber cores: keep spinning short
-    unsigned hc = std::thread::hardware_concurrency();
-    oversubscribed = hc <= 2;
-    w.spin_ns = env_ns("NPUDIST_ENGINE_SPIN_US", oversubscribed ? 2 : 20);
+    w.spin_ns = env_ns("NPUDIST_ENGINE_SPIN_US", -1);
     // Short: a yielding task loses its place to other runnable tasks on a busy machine, while a futex
     // sleeper is woken (and preferred by the scheduler) as soon as the peer posts.
     w.yield_ns = env_ns("NPUDIST_ENGINE_YIELD_US", 50);
@@ -115,17 +113,31 @@ const WaitTuning& wait_tuning() {
   return t;
 }
 
+int64_t spin_ns_for(int ranks) {
+  const int64_t env = wait_tuning().spin_ns;
+  if (env >= 0) return env;
+  const unsigned cores = std::thread::hardware_concurrency();
+  // 2 ranks on 2 cores beside two compiler jobs: 20 us against 2 us took the 8 B all_reduce from 15-19 us
+  // to 11-15 us (docs/hccl_engine.md, "Per-call cost breakdown"). With ranks outnumbering the cores, long
+  // spins hold the core the late peer needs.
+  return cores != 0 && static_cast<unsigned>(ranks) <= cores ? 20'000 : 2'000;
+}
+
 void wait_at_least(const Signal& sig, uint64_t target, int peer, const WaitContext& ctx) {
   if (sig.value.load(std::memory_order_acquire) >= target) return;
   const WaitTuning& tune = wait_tuning();
+  const int64_t spin_ns = ctx.spin_ns;
   auto start = Clock::now();
-  // Phase 1: spin (cheap when the peer runs on another core).
-  for (uint32_t i = 1;; ++i) {
+  // Phase 1: spin (cheap when the peer runs on another core). A peer that last posted from this CPU is
+  // most likely queued behind this thread (ranks packed onto one core on a busy machine): spinning would
+  // only delay it, so the wait yields at once.
+  const int my_cpu = sched_getcpu();
+  for (uint32_t i = 1; sig.cpu.load(std::memory_order_relaxed) != my_cpu; ++i) {
     if (sig.value.load(std::memory_order_acquire) >= target) return;
     cpu_relax();
     if ((i & 63) == 0) {
       if (ctx.abort_flag->load(std::memory_order_relaxed)) ctx.on_fail(kWhyAborted, peer);
-      if ((Clock::now() - start).count() >= tune.spin_ns) break;
+      if ((Clock::now() - start).count() >= spin_ns) break;
     }
   }
   // Phase 2: yield the core (the peer may need it), then phase 3: futex sleep in short slices.
@@ -145,7 +157,7 @@ void wait_at_least(const Signal& sig, uint64_t target, int peer, const WaitConte
         ctx.on_fail(kWhyPeerDied, peer);
       }
     }
-    if ((now - start).count() < tune.spin_ns + tune.yield_ns) {
+    if ((now - start).count() < spin_ns + tune.yield_ns) {
       sched_yield();
       if (sig.value.load(std::memory_order_acquire) >= target) return;
       continue;

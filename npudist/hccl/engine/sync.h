@@ -12,12 +12,15 @@ namespace npudist::shm::detail {
 
 using Clock = std::chrono::steady_clock;
 
-// One cache line: `value` only grows; `word` changes on every post so futex sleepers notice.
+// One cache line: `value` only grows; `word` changes on every post so futex sleepers notice; `cpu` is the
+// CPU the poster ran on at its last post (a hint for waiters: a peer last seen on the waiter's own CPU
+// cannot post while the waiter spins there).
 struct alignas(64) Signal {
   std::atomic<uint64_t> value;
   std::atomic<uint32_t> word;
   std::atomic<uint32_t> waiters;
-  char pad[48];
+  std::atomic<int32_t> cpu;
+  char pad[44];
 
   void post(uint64_t v);
   void wake_all();
@@ -33,12 +36,17 @@ ProcessId self_process_id();
 // False when the process has exited (also when it is a zombie nobody reaped yet).
 bool process_alive(const ProcessId& p);
 
-// Tunables read once from the environment (NPUDIST_ENGINE_SPIN_US, NPUDIST_ENGINE_YIELD_US).
+// Tunables read once from the environment (NPUDIST_ENGINE_SPIN_US, NPUDIST_ENGINE_YIELD_US); spin_ns is
+// negative when NPUDIST_ENGINE_SPIN_US is unset (then spin_ns_for decides by the communicator's size).
 struct WaitTuning {
   int64_t spin_ns;
   int64_t yield_ns;
 };
 const WaitTuning& wait_tuning();
+// How long a wait of a communicator of `ranks` local ranks spins before yielding: NPUDIST_ENGINE_SPIN_US if
+// set, else 20 us while the ranks fit the cores (a peer that is a few us late is running on its own core) and
+// 2 us when they outnumber them (the awaited peer may need this core).
+int64_t spin_ns_for(int ranks);
 
 // What a wait must watch besides its own condition. `on_fail` throws the right CommError; it is told
 // why the wait gave up (0 = deadline passed, 1 = aborted, 2 = peer `peer` died).
@@ -47,6 +55,7 @@ struct WaitContext {
   const std::atomic<uint32_t>* abort_flag;
   std::function<bool(int)> peer_alive;  // checked every few ms while sleeping
   std::function<void(int why, int peer)> on_fail;
+  int64_t spin_ns = 2000;  // spin_ns_for(the communicator's ranks)
 };
 
 enum : int { kWhyTimeout = 0, kWhyAborted = 1, kWhyPeerDied = 2 };
