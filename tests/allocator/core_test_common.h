@@ -7,6 +7,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -82,10 +83,15 @@ struct FakeHooks : DeviceHooks {
   }
   // before_new_peak calls as (device, stream), and what the test does there (e.g. free a block that queued work
   // held, as the runtime's hook does by releasing finished kernels).
+  // Called with the allocator's lock released, so from several threads at once in the threaded tests.
+  std::mutex peak_mu;
   std::vector<std::pair<int, int64_t>> peak_calls;
   std::function<void(int device)> on_new_peak;
   void before_new_peak(int device, int64_t stream) override {
-    peak_calls.emplace_back(device, stream);
+    {
+      std::lock_guard<std::mutex> lock(peak_mu);
+      peak_calls.emplace_back(device, stream);
+    }
     if (on_new_peak) on_new_peak(device);
   }
   // Device memory faked with host mappings (what the emulated runtime does, without shareable segments).
