@@ -189,10 +189,10 @@ void resize_npu_storage(c10::StorageImpl* s, size_t nbytes) {
     return;
   }
   // Queued kernels may still use the old bytes (e.g. FSDP's resize_(0) right after the last use). A block the
-  // caching allocator reuses in the current stream's order (memory::stream_ordered) goes back to the pool now,
+  // caching allocator reuses in the current stream's order (memory::order_reuse_after) goes back to the pool now,
   // as blocking launch would free it: whatever is later written there is queued behind those kernels and the
   // copy below. Other memory is copied and freed in stream order, by a queued task that owns it.
-  if (memory::stream_ordered(old, rt::api().get_stream(dev))) {
+  if (memory::order_reuse_after(old, rt::api().get_stream(dev))) {
     const void* src = old.get();
     if (keep) {
       launch::enqueue(dev, "storage resize", [src, dst, keep]() {

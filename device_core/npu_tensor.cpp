@@ -97,7 +97,9 @@ c10::Storage cpu_storage_view(void* data, size_t nbytes) {
 }
 
 c10::Storage queued_storage_alias(c10::StorageImpl* si, int64_t stream) {
-  if (memory::stream_ordered(si->data_ptr(), stream)) return cpu_storage_view(si->mutable_data_ptr().get(), si->nbytes());
+  if (memory::order_reuse_after(si->data_ptr(), stream)) {
+    return cpu_storage_view(si->mutable_data_ptr().get(), si->nbytes());
+  }
   return cpu_storage_alias(si);
 }
 

@@ -44,7 +44,7 @@ c10::Storage cpu_storage_alias(c10::StorageImpl* npu_storage);
 // A CPU storage over `nbytes` at `data` that holds nothing: whoever uses it keeps the bytes alive otherwise.
 c10::Storage cpu_storage_view(void* data, size_t nbytes);
 // What a kernel queued on `stream` sees of an npu storage / tensor: a view that does not hold the bytes when the
-// caching allocator reuses them in that stream's order (memory::stream_ordered), else an alias that holds them
+// caching allocator reuses them in that stream's order (memory::order_reuse_after), else an alias that holds them
 // until the kernel is destroyed. Why: a tensor the host drops while its kernels are queued then returns its
 // block to the stream's pool at once, so queued kernels hold no memory (docs/memory.md, "Stream-ordered reuse").
 c10::Storage queued_storage_alias(c10::StorageImpl* npu_storage, int64_t stream);

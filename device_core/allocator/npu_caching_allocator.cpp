@@ -437,7 +437,7 @@ static bool tracks_streams(const c10::DataPtr& data_ptr, c10::Stream stream, con
   return !g_plug_live.count(data_ptr.get());
 }
 
-bool stream_ordered(const c10::DataPtr& data_ptr, int64_t stream) {
+bool order_reuse_after(const c10::DataPtr& data_ptr, int64_t stream) {
   if (!data_ptr.get() || data_ptr.get_deleter() != &raw_delete) return false;
   CachingAllocator* c = core();
   if (!c->caching_enabled()) return false;
