@@ -66,7 +66,7 @@ from npudist.device import amp, memory
 from npudist.device.compat import *  # noqa: F401,F403  (Ascend-only names, compat.__all__)
 from npudist.device import compat
 from npudist.device.memory import *  # noqa: F401,F403  (names listed in memory.__all__)
-# torch_npu's names beyond torch.cuda's (docs/torch_npu.md, "The torch_npu surface"); each module's __all__.
+# torch_npu's names beyond torch.cuda's (docs/torch_npu_surface.md); each module's __all__.
 from npudist.device import ascend_amp, ascend_options, ascend_runtime, legacy_storage, sync_debug
 from npudist.device.ascend_amp import *  # noqa: F401,F403
 from npudist.device.ascend_options import *  # noqa: F401,F403

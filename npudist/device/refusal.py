@@ -2,7 +2,7 @@
 
 Each such name exists with torch_npu's signature and raises :class:`NeedsAscendHardware` naming itself and the
 missing hardware, so code written for Ascend fails at that call with the reason, not with an AttributeError
-(or, worse, a made-up answer). ``refuses(why)`` marks a function so: the surface table in docs/torch_npu.md
+(or, worse, a made-up answer). ``refuses(why)`` marks a function so: the surface table in docs/torch_npu_surface.md
 reads the reason from ``__npudist_refused__``.
 """
 from __future__ import annotations

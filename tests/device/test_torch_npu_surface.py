@@ -4,7 +4,7 @@
 Every recorded name resolves in npudist or is listed in expected_missing.txt; every Python-visible signature
 equals the recorded one or is listed in signature_differences.txt; both lists are checked in both directions
 (an entry that no longer applies fails too: regenerate with ``python scripts/torch_npu_surface.py update``).
-The doc table in docs/torch_npu.md is the generator's output.
+The doc table in docs/torch_npu_surface.md is the generator's output.
 """
 from __future__ import annotations
 
@@ -78,9 +78,10 @@ def test_refused_names_raise_naming_themselves(state):
 
 def test_doc_table_is_up_to_date():
     doc = surface.DOC.read_text(encoding="utf-8")
-    assert surface.DOC_BEGIN in doc, "docs/torch_npu.md has no surface table: python scripts/torch_npu_surface.py docs"
+    assert surface.DOC_BEGIN in doc, \
+        "docs/torch_npu_surface.md has no surface table: python scripts/torch_npu_surface.py docs"
     assert surface.doc_with_table(doc, surface.render_table()) == doc, \
-        "docs/torch_npu.md's surface table is stale: python scripts/torch_npu_surface.py docs"
+        "docs/torch_npu_surface.md's surface table is stale: python scripts/torch_npu_surface.py docs"
 
 
 def test_extract_reads_the_same_data_from_the_wheel():
