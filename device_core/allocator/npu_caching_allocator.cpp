@@ -15,8 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <optional>
-#include <thread>
 #include <unordered_map>
 
 #include "caching_allocator.h"
@@ -47,25 +45,21 @@ using detail::stream_handle;
 // ---- peak memory under asynchronous launch (docs/memory.md, "Peak memory"). Queued work of another stream can
 // hold memory the host has dropped: a collective keeps its tensors until it ran on the group's comm stream, a
 // kernel queued on memory outside the pools holds it. In step with the device (blocking launch) that memory
-// would be free by now, so an allocation that would raise the peak first lets the device catch up (bounded)
-// and releases what finished kernels held. Only on a thread that launches (never a stream's worker, which
-// would wait for itself), only when another stream has queued work (the allocating stream's own queued kernels
-// hold nothing the host dropped: stream-ordered reuse), never while capture or a profiler keeps launch
-// synchronous. Bounded because the queued work may wait for this thread (an ExternalEvent it records later, a
-// host function that needs its GIL): after a wait that ran out, the device's next waits are skipped for
-// kPeakWaitPause, so such a program pays at most one bound per pause.
-constexpr auto kPeakWaitBound = std::chrono::milliseconds(200);
-constexpr auto kPeakWaitPause = std::chrono::seconds(1);
+// would be free by now, so an allocation that would raise the peak first lets the device catch up and
+// releases what finished kernels held. Only on a thread that launches (never a stream's worker, which would
+// wait for itself), only when another stream has queued work (the allocating stream's own queued kernels hold
+// nothing the host dropped: stream-ordered reuse), never while capture or a profiler keeps launch
+// synchronous. The runtime's drain gives up once no task of the device finished for kPeakWaitStallMs, because
+// the queued work may wait for this thread (an ExternalEvent it records later, a host function that needs a
+// lock it holds). The bound is on progress, not on the whole wait, and long: a collective on the comm stream
+// finishes only when every peer issued it, and with more ranks than cores a peer can be descheduled for a
+// few hundred ms; a drain given up there pauses the drains and leaves the peak above blocking launch's
+// (BENCHMARKS.md, "Peak memory by launch mode"). After a drain that stalled, the device's next drains are
+// skipped for kPeakWaitPause, so a program whose queue waits for its own thread loses at most a tenth of its
+// time to them.
+constexpr uint32_t kPeakWaitStallMs = 1000;
+constexpr auto kPeakWaitPause = std::chrono::seconds(10);
 std::atomic<int64_t> g_peak_wait_paused_until[NPUDIST_MAX_DEVICES];
-
-bool busy_besides(int d, int64_t stream) {
-  for (int64_t s = 0; s < NPUDIST_STREAM_IDS; ++s) {
-    if (s != stream && rt::api().stream_query(d, s) == 0) return true;
-  }
-  return false;
-}
-
-bool device_busy(int d) { return busy_besides(d, -1); }
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -75,19 +69,12 @@ int64_t steady_ns() {
 void catch_up_before_new_peak(int d, int64_t stream) {
   if (!launch::launching_thread() || !launch::may_queue(d)) return;
   launch::release_finished();  // kernels that already ran let go of what they held
-  if (!busy_besides(d, stream) || steady_ns() < g_peak_wait_paused_until[d].load(std::memory_order_relaxed)) return;
-  const int64_t deadline = steady_ns() + std::chrono::nanoseconds(kPeakWaitBound).count();
-  bool drained;
-  {
-    std::optional<pybind11::gil_scoped_release> no_gil;  // host functions on the streams may need the GIL
-    if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
-    int spins = 0;
-    while (!(drained = !device_busy(d)) && steady_ns() < deadline) {
-      if (++spins < 64) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+  if (rt::api().device_busy_besides(d, stream) != 1 ||
+      steady_ns() < g_peak_wait_paused_until[d].load(std::memory_order_relaxed)) {
+    return;
   }
-  if (!drained) {
+  // The runtime's blocking hooks release the GIL while it waits: host functions on the streams may need it.
+  if (rt::api().device_drain(d, kPeakWaitStallMs) != 1) {
     g_peak_wait_paused_until[d].store(steady_ns() + std::chrono::nanoseconds(kPeakWaitPause).count(),
                                       std::memory_order_relaxed);
   }

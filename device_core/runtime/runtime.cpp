@@ -257,8 +257,15 @@ struct StreamItem {
   MarkerPtr wait;    // set for stream-wait tasks: the worker blocks until this marker of another stream is done
 };
 
+// Per device, over all its streams: tasks enqueued and not yet finished, and tasks finished so far (the
+// device's progress, which device_drain watches). Updated beside each stream's own `pending`.
+std::atomic<int64_t> g_device_pending[kMaxDevices];
+std::atomic<uint64_t> g_device_finished[kMaxDevices];
+
 // One stream: an in-order queue of host functions and the worker that runs them.
 struct StreamState {
+  explicit StreamState(int dev) : device(dev) {}
+  const int device;
   std::mutex mu;
   std::condition_variable cv_work;  // worker sleeps here
   std::condition_variable cv_done;  // waiters sleep here
@@ -286,6 +293,8 @@ struct StreamState {
         t.marker->done.store(true, std::memory_order_release);
       }
       pending.fetch_sub(1, std::memory_order_acq_rel);
+      g_device_pending[device].fetch_sub(1, std::memory_order_acq_rel);
+      g_device_finished[device].fetch_add(1, std::memory_order_relaxed);
       if (waiters.load() > 0) {
         std::lock_guard<std::mutex> lk(mu);
         cv_done.notify_all();
@@ -306,6 +315,7 @@ struct StreamState {
       }
       queue.push_back(std::move(t));
       pending.fetch_add(1, std::memory_order_release);
+      g_device_pending[device].fetch_add(1, std::memory_order_release);
     }
     if (worker_sleeping.load() > 0) {
       std::lock_guard<std::mutex> lk(mu);
@@ -326,7 +336,7 @@ StreamState* state_if_exists(int device, int64_t stream) {
 StreamState* state(int device, int64_t stream) {
   StreamState* s = state_if_exists(device, stream);
   if (s) return s;
-  auto* fresh = new StreamState();
+  auto* fresh = new StreamState(device);
   if (g_streams[device][stream].compare_exchange_strong(s, fresh)) return fresh;
   delete fresh;
   return s;
@@ -348,6 +358,7 @@ void reset_after_fork() {
       if (slot.load()) slot.store(nullptr);  // leak the parent's state: its mutexes may be held
     }
   }
+  for (auto& n : g_device_pending) n.store(0);
 }
 
 struct ForkHandler {
@@ -423,6 +434,45 @@ bool stream_query(int device, int64_t stream) {
 void stream_synchronize(int device, int64_t stream) {
   if (stream_query(device, stream)) return;
   marker_wait(record_marker(device, stream));
+}
+
+bool device_busy_besides(int device, int64_t stream) {
+  check_device(device);
+  int64_t others = g_device_pending[device].load(std::memory_order_acquire);
+  if (stream >= 0) {
+    StreamState* s = state_if_exists(device, stream);
+    if (s) others -= s->pending.load(std::memory_order_acquire);
+  }
+  return others > 0;
+}
+
+bool device_drain(int device, std::chrono::milliseconds stall) {
+  check_device(device);
+  auto& pending = g_device_pending[device];
+  auto& finished = g_device_finished[device];
+  if (pending.load(std::memory_order_acquire) == 0) return true;
+  void* token = g_blocking_hooks.before ? g_blocking_hooks.before() : nullptr;
+  uint64_t seen = finished.load(std::memory_order_relaxed);
+  int64_t last_progress = now_ns();
+  const int64_t stall_ns = std::chrono::nanoseconds(stall).count();
+  bool drained = true;
+  // Polled, not woken: the device's streams each have their own condition variable, and a drain is rare
+  // (an allocation that would set a new peak); yields first, then 50 us sleeps, never a busy spin.
+  for (int polls = 0; pending.load(std::memory_order_acquire) > 0; ++polls) {
+    const int64_t now = now_ns();
+    const uint64_t f = finished.load(std::memory_order_relaxed);
+    if (f != seen) {
+      seen = f;
+      last_progress = now;
+    } else if (now - last_progress > stall_ns) {
+      drained = false;
+      break;
+    }
+    if (polls < 64) sched_yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (g_blocking_hooks.after) g_blocking_hooks.after(token);
+  return drained;
 }
 
 void device_synchronize(int device) {

@@ -243,6 +243,17 @@ uint64_t c_comm_buffer_describe(int device, char* buf, uint64_t len) {
   return d.size();
 }
 
+int c_device_busy_besides(int device, int64_t stream) {
+  int busy = 0;
+  npudist_status s = guarded([&] { busy = device_busy_besides(device, stream) ? 1 : 0; });
+  return s == NPUDIST_SUCCESS ? busy : -1;
+}
+int c_device_drain(int device, uint32_t stall_ms) {
+  int drained = 0;
+  npudist_status s = guarded([&] { drained = device_drain(device, std::chrono::milliseconds(stall_ms)) ? 1 : 0; });
+  return s == NPUDIST_SUCCESS ? drained : -1;
+}
+
 void c_set_blocking_hooks(npudist_before_block_fn before, npudist_after_block_fn after) {
   set_blocking_hooks(BlockingHooks{before, after});
 }
@@ -289,6 +300,8 @@ const NpudistRuntimeApi g_api = {
     &c_comm_buffer_describe,
     &c_stream_from_pool,
     &c_stream_hold,
+    &c_device_busy_besides,
+    &c_device_drain,
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // fences); they run asynchronously on the stream's worker thread. A marker recorded on a stream is done once every host
 // function enqueued on that stream before it has run (immediately, if the queue is empty).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -65,6 +66,12 @@ void stream_wait_marker(int device, int64_t stream, const MarkerPtr& m);
 bool stream_query(int device, int64_t stream);
 void stream_synchronize(int device, int64_t stream);
 void device_synchronize(int device);
+// True when a stream of `device` other than `stream` (-1: none excepted) has work pending.
+bool device_busy_besides(int device, int64_t stream);
+// Blocks (with the blocking hooks) until nothing is pending on any stream of `device`; gives up, returning
+// false, once no task of the device finished for `stall` (its queued work waits for something that does not
+// come, e.g. the blocked caller itself).
+bool device_drain(int device, std::chrono::milliseconds stall);
 
 // Called around every blocking wait on a marker (the Python extension releases the GIL there).
 struct BlockingHooks {

@@ -9,7 +9,7 @@ import torch
 
 import npudist
 from runtime_ext import (DEVICE_TO_DEVICE, DEVICE_TO_HOST, HOST_TO_DEVICE, HOST_TO_HOST, INVALID_DEVICE,
-                         INVALID_VALUE, SUCCESS, api, ext, launch_host_fill)
+                         INVALID_VALUE, SUCCESS, HostGate, api, ext, launch_host_fill)
 
 
 def test_table_is_a_named_versioned_capsule():
@@ -19,8 +19,9 @@ def test_table_is_a_named_versioned_capsule():
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     assert get_name(cap) == b"npudist.runtime_api"
     # 3: memory, copies, streams, events, properties; 4: stream_wait_event; 5: communication buffers;
-    # 6: the stream budget (stream_from_pool, stream_hold); 7: the graph capture stream's id
-    assert ext().version(cap) == 7
+    # 6: the stream budget (stream_from_pool, stream_hold); 7: the graph capture stream's id;
+    # 8: device_busy_besides, device_drain
+    assert ext().version(cap) == 8
     with pytest.raises(ValueError):  # PyCapsule_GetPointer: wrong or missing capsule
         ext().version(object())
 
@@ -111,3 +112,42 @@ def test_event_completes_after_queued_host_work():
     assert after == 1 and ms > 10  # the host function slept 100 ms
     assert time.perf_counter() - t0 < 5
     assert torch.equal(t.cpu(), torch.full((256,), 5.0))  # the fill ran before the event completed
+
+
+def test_device_busy_besides_counts_every_other_stream():
+    torch.npu.synchronize(1)
+    a, b = torch.npu.Stream(device=1), torch.npu.Stream(device=1)
+    assert ext().device_busy_besides(api(), 1, -1) == 0
+    with HostGate(1, a.stream_id):
+        assert ext().device_busy_besides(api(), 1, a.stream_id) == 0  # only the excepted stream is busy
+        assert ext().device_busy_besides(api(), 1, b.stream_id) == 1
+        assert ext().device_busy_besides(api(), 1, -1) == 1
+    torch.npu.synchronize(1)
+    assert ext().device_busy_besides(api(), 1, -1) == 0
+    assert ext().device_busy_besides(api(), 99, -1) == -1
+
+
+def test_device_drain_waits_as_long_as_the_device_progresses():
+    # Eight 40 ms tasks take 320 ms, longer than the 150 ms stall bound: a bound on the whole wait would give
+    # up; the drain gives up only when no task finishes for 150 ms.
+    torch.npu.synchronize(1)
+    s = torch.npu.Stream(device=1)
+    t = torch.zeros(8, 64, device="npu:1")
+    for i in range(8):
+        launch_host_fill(t[i], float(i + 1), 40_000, s.stream_id)
+    t0 = time.perf_counter()
+    assert ext().device_drain(api(), 1, 150) == 1
+    assert time.perf_counter() - t0 > 0.25
+    assert ext().device_busy_besides(api(), 1, -1) == 0
+    assert torch.equal(t.cpu(), torch.arange(1, 9, dtype=torch.float32)[:, None].expand(8, 64))
+
+
+def test_device_drain_gives_up_when_the_device_stalls():
+    torch.npu.synchronize(1)
+    s = torch.npu.Stream(device=1)
+    with HostGate(1, s.stream_id):  # held until the test opens it: no progress
+        t0 = time.perf_counter()
+        assert ext().device_drain(api(), 1, 100) == 0
+        assert 0.09 < time.perf_counter() - t0 < 10
+    assert ext().device_drain(api(), 1, 100) == 1
+    assert ext().device_drain(api(), 99, 100) == -1

@@ -249,6 +249,23 @@ static PyObject* stream_query(PyObject* self, PyObject* args) {
   return api ? PyLong_FromLong(api->stream_query(device, stream)) : NULL;
 }
 
+static PyObject* device_busy_besides(PyObject* self, PyObject* args) {
+  int device;
+  long long stream;
+  const NpudistRuntimeApi* api = table_and_stream(args, &device, &stream);
+  return api ? PyLong_FromLong(api->device_busy_besides(device, stream)) : NULL;
+}
+
+/* device_drain(cap, device, stall_ms); the table's blocking hooks release the GIL while it waits. */
+static PyObject* device_drain(PyObject* self, PyObject* args) {
+  PyObject* cap;
+  int device;
+  unsigned int stall_ms;
+  if (!PyArg_ParseTuple(args, "OiI", &cap, &device, &stall_ms)) return NULL;
+  const NpudistRuntimeApi* api = table(cap);
+  return api ? PyLong_FromLong(api->device_drain(device, stall_ms)) : NULL;
+}
+
 /* Record an event on (device, stream), report (query right after recording, query after synchronize,
  * elapsed ms from an event recorded before it). Releases the GIL while waiting. */
 static PyObject* event_probe(PyObject* self, PyObject* args) {
@@ -305,6 +322,8 @@ static PyMethodDef kMethods[] = {
     {"device_count", device_count, METH_O, NULL},
     {"stream_create", stream_create, METH_VARARGS, NULL},
     {"stream_query", stream_query, METH_VARARGS, NULL},
+    {"device_busy_besides", device_busy_besides, METH_VARARGS, NULL},
+    {"device_drain", device_drain, METH_VARARGS, NULL},
     {"event_probe", event_probe, METH_VARARGS, NULL},
     {"set_device_status", set_device_status, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};

@@ -23,7 +23,8 @@ extern "C" {
 // 5: communication buffers held outside the caching allocator (comm_buffer_*).
 // 6: the stream budget: stream_create holds a stream until stream_destroy; stream_from_pool; stream_hold.
 // 7: stream id NPUDIST_GRAPH_CAPTURE_STREAM is valid on every device (NPUDIST_STREAM_IDS ids in all).
-#define NPUDIST_RUNTIME_API_VERSION 7
+// 8: device_busy_besides and device_drain (the caching allocator lets the device catch up before a new peak).
+#define NPUDIST_RUNTIME_API_VERSION 8
 #define NPUDIST_RUNTIME_API_CAPSULE "npudist.runtime_api"
 #define NPUDIST_MAX_DEVICES 64  // device_count() never exceeds it
 // Stream ids NPUDIST_SYNC_LAUNCH_STREAM_FIRST .. + NPUDIST_SYNC_LAUNCH_STREAMS - 1 of every device are torch_npu's
@@ -169,6 +170,15 @@ typedef struct NpudistRuntimeApi {
   // none is left); take == 0: gives one back. An Atlas A2 device has 1984 streams, the default stream and
   // torch's pool of 64 included.
   npudist_status (*stream_hold)(int device, const char* holder, int take);
+
+  // --- Version 8 ---
+  // 1 if a stream of `device` other than `stream` (-1: every stream counts) has work pending, 0 if none has,
+  // -1 if the ids are invalid. One read of the device's count, not a query per stream id.
+  int (*device_busy_besides)(int device, int64_t stream);
+  // Blocks the calling thread (calling the blocking hooks) until nothing is pending on any stream of
+  // `device`: 1 then. Gives up when no task of the device finished for `stall_ms` (the queued work waits for
+  // something that does not come, such as the caller itself): 0 then. -1 if `device` is invalid.
+  int (*device_drain)(int device, uint32_t stall_ms);
 } NpudistRuntimeApi;
 
 // The runtime linked into npudist._C (the emulated one). Never null.
