@@ -28,8 +28,8 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # -g0 overrides the -g that Python's own CFLAGS put first on the command line: debug info for torch's
-# headers doubled the compile time of every torch-including file and made its object file ~30x larger
-# (BENCHMARKS.md, "Build"). Build with NPUDIST_DEBUG_INFO=1 to keep it (gdb on the extensions).
+# headers doubled the compile time of every torch-including file and made its object file much larger.
+# Build with NPUDIST_DEBUG_INFO=1 to keep it (gdb on the extensions).
 CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"] + (
     [] if os.environ.get("NPUDIST_DEBUG_INFO") == "1" else ["-g0"])
 

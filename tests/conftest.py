@@ -7,7 +7,7 @@ the short tests fill in around them. The order is stable within each class, so e
 collects the same sequence (xdist requires it).
 """
 
-# Path prefixes, longest total first (measured with --durations on the full suite, BENCHMARKS.md "Suite").
+# Path prefixes, longest total first (measured with --durations on the full suite: scripts/run_tests.sh prints the slowest).
 LONG_FIRST = (
     "tests/compile/test_plan_compile_npurun.py",
     "tests/training/test_model_specs.py",

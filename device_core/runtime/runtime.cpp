@@ -212,7 +212,7 @@ namespace {
 
 // The spin is short on purpose: a stream worker waits here whenever its queue runs empty, and ranks usually
 // outnumber cores here (4 ranks on 2 cores in the quick-start job). A long spin (2000 pauses, 50 yields)
-// made that job 26% slower than a short one, which lost nothing measurable on 1 rank (BENCHMARKS.md).
+// made that job about a quarter slower than a short one, which lost nothing measurable on 1 rank.
 template <class Pred>
 void wait_until(Pred done, std::mutex& mu, std::condition_variable& cv, std::atomic<int>& sleepers) {
   for (int i = 0; i < 100; ++i) {
