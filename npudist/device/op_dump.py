@@ -21,18 +21,16 @@ from dataclasses import dataclass
 
 import numpy
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
 
 from npudist import _C
 from npudist.device import core
+from npudist.device.npu_leaves import NO_DATA, npu_tensors
 from npudist.device.op_dump_config import DumpConfig, op_aliases, read_config
 
 __all__ = ["init_dump", "set_dump", "finalize_dump"]
 
-_NO_DATA = (FakeTensor, FunctionalTensor)   # tensors without device memory: nothing to dump
 # Ops that launch no operator on the device: allocation without initialisation, allocator bookkeeping,
 # host<->device transfers (memcpy tasks, which CANN's dump does not record either) and scalar reads.
 _NOT_OPERATORS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
@@ -86,11 +84,6 @@ def _is_view(func) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def _npu(value) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(value)
-            if isinstance(t, torch.Tensor) and t.device.type == "npu" and not isinstance(t, _NO_DATA)]
-
-
 def _is_operator(func, op_type: str, args, kwargs) -> bool:
     """Whether the op launches an operator on the device (what a dump records), from its name and schema."""
     if op_type in _NOT_OPERATORS or func.namespace in _COLLECTIVE_NAMESPACES or _is_view(func):
@@ -110,16 +103,16 @@ def _arguments(func, args, kwargs) -> list:
 
 def _inputs(func, args, kwargs) -> list[torch.Tensor]:
     """The npu tensors an op reads, in schema order (``out=`` arguments are outputs, not inputs)."""
-    return [t for arg, value in _arguments(func, args, kwargs) if not arg.is_out for t in _npu(value)]
+    return [t for arg, value in _arguments(func, args, kwargs) if not arg.is_out for t in npu_tensors(value)]
 
 
 def _outputs(func, args, kwargs, out) -> list[torch.Tensor]:
     """The npu tensors an op writes: its results, or, for an in-place op that returns nothing
     (``_foreach_mul_``), the arguments it writes."""
     if func._schema.returns:
-        return _npu(out)
+        return npu_tensors(out)
     return [t for arg, value in _arguments(func, args, kwargs)
-            if arg.alias_info is not None and arg.alias_info.is_write for t in _npu(value)]
+            if arg.alias_info is not None and arg.alias_info.is_write for t in npu_tensors(value)]
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -220,7 +213,7 @@ class OpDumpMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if any(issubclass(t, _NO_DATA) for t in types):
+        if any(issubclass(t, NO_DATA) for t in types):
             return func(*args, **kwargs)   # shape propagation (DTensor sharding, compile tracing): no data
         if any(t is not torch.Tensor and hasattr(t, "__tensor_flatten__") for t in types):
             return NotImplemented   # a tensor subclass runs the op; its inner tensors' ops come back here

@@ -36,13 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from npudist import _C
 from npudist.device import sync_trace
+from npudist.device.npu_leaves import NO_DATA, npu_tensors
 
 StreamKey = Any   # (device_index, stream_id) for npu streams, ("comm", group) for an hccl group's comm stream
 Clock = dict      # StreamKey -> the last sequence number of that stream this state is ordered after
@@ -52,7 +51,6 @@ _SMALL_SIZE = 1 << 20   # allocations up to 1 MiB come from the small pool (devi
 # Factories taking a tensor read only its metadata (CSAN's rule).
 _FACTORY = re.compile(r"(new_.*|.*_like)")
 _FUNCTIONAL_NS = "_c10d_functional"
-_NO_DATA = (FakeTensor, FunctionalTensor)   # tensors without device memory
 
 
 @dataclass
@@ -321,12 +319,6 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return ptr if ptr else id(t.untyped_storage())   # two empty storages must not look like one
 
 
-def _npu_tensors(value: Any) -> list[torch.Tensor]:
-    """The npu tensors in ``value`` (ops on tensor subclasses never get here: see __torch_dispatch__)."""
-    return [t for t in pytree.tree_leaves(value)
-            if isinstance(t, torch.Tensor) and t.device.type == "npu" and not isinstance(t, _NO_DATA)]
-
-
 class _Accesses:
     """The storages an op reads and writes, from its schema (CSAN's ArgumentHandler)."""
 
@@ -339,7 +331,7 @@ class _Accesses:
     def add(self, value: Any, *, write: bool, read: bool, name: str | None) -> list[int]:
         """Record the npu tensors in ``value``; returns their storages."""
         ptrs = []
-        for t in _npu_tensors(value):
+        for t in npu_tensors(value):
             ptr = _storage_ptr(t)
             ptrs.append(ptr)
             if self.device is None:
@@ -452,10 +444,10 @@ class StreamSanitizerMode(TorchDispatchMode):
         if func is torch.ops.aten.record_stream.default:   # allocator bookkeeping, not an access: what frees wait for
             out = func(*args, **kwargs)
             tensor, stream = args[0], args[1] if len(args) > 1 else kwargs["s"]
-            if tensor.device.type == "npu" and not isinstance(tensor, _NO_DATA):
+            if tensor.device.type == "npu" and not isinstance(tensor, NO_DATA):
                 self.tracker.record_stream(_storage_ptr(tensor), (stream.device_index, stream.stream_id))
             return out
-        if any(issubclass(t, _NO_DATA) for t in types):
+        if any(issubclass(t, NO_DATA) for t in types):
             return func(*args, **kwargs)   # shape propagation (DTensor's sharding, compile tracing): no device access
         if any(t is not torch.Tensor and hasattr(t, "__tensor_flatten__") for t in types):
             # A tensor subclass (DTensor, AsyncCollectiveTensor) handles the op first; the ops it runs on its inner
