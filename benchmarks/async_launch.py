@@ -2,10 +2,12 @@
 """Asynchronous launch: how long a loop of 30 steps on 1024x1024 fp32 takes to *return*, relative to the
 time until its results are ready (torch.npu.synchronize), with launch on (default) and with
 ASCEND_LAUNCH_BLOCKING=1. The steps (--loop): `y = y @ w` (chain), `y = y @ w / 1024` (div) and
-`y = torch.relu(y @ w)` (relu), and a transformer block's training step (block: forward, backward, SGD update);
-by default all four.
+`y = torch.relu(y @ w)` (relu), and a transformer block's training step (block: forward, backward, SGD update;
+--block-steps of them, 10 by default); by default all four. Ten block steps fit the default launch queue
+(NPUDIST_LAUNCH_QUEUE_DEPTH, 1024 kernels per stream, docs/device.md); thirty do not, and then the host waits for
+the queue as it would for a device's.
 
-    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--size 1024] [--loop chain div relu block]
+    python benchmarks/async_launch.py [--rounds 7] [--chain 30] [--block-steps 10] [--size 1024] [--loop ...]
     python benchmarks/async_launch.py --per-op [--rounds 7] [--ops 3000]
 
 Each mode runs in its own process (the variable is read once per process); both processes are driven in
@@ -34,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--chain", type=int, default=30)
+    ap.add_argument("--chain", type=int, default=30, help="steps per matmul loop (chain, div, relu)")
+    ap.add_argument("--block-steps", type=int, default=10, help="steps per block loop")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--loop", nargs="+", choices=sorted(LOOPS), default=["chain", "div", "relu", "block"])
     ap.add_argument("--per-op", action="store_true", help="cost per small op (add, mm) instead of the matmul chain")
@@ -133,7 +136,7 @@ def worker(args) -> None:
             torch.npu.reset_peak_memory_stats()
             t0 = time.perf_counter()
             y = w
-            for _ in range(args.chain):
+            for _ in range(args.block_steps if name == "block" else args.chain):
                 y = step(y, w)
             t_loop = time.perf_counter() - t0
             torch.npu.synchronize()
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size),
-           "--ops", str(args.ops), "--loop", *args.loop] + (["--per-op"] if args.per_op else [])
+           "--block-steps", str(args.block_steps), "--ops", str(args.ops), "--loop", *args.loop] + (["--per-op"] if args.per_op else [])
     sys.path.insert(0, HERE)
     from _alternate import alternate
     times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking))
@@ -158,8 +161,8 @@ def main(argv=None) -> int:
     if args.per_op:
         report_per_op(args, times)
         return 0
-    print(f"loops of {args.chain} steps on {args.size}x{args.size} fp32 on npu, {args.rounds} alternating rounds "
-          f"(medians); load average {os.getloadavg()[0]:.2f}")
+    print(f"loops of {args.chain} steps (block: {args.block_steps}) on {args.size}x{args.size} fp32 on npu, "
+          f"{args.rounds} alternating rounds (medians); load average {os.getloadavg()[0]:.2f}")
     ok = True
     for name in args.loop:
         ratios, peaks, digests = {}, {}, {}
