@@ -5,8 +5,9 @@
     (cd /tmp/base && /path/to/.venv/bin/python setup.py build_ext --inplace)
     python benchmarks/compare_trees.py /tmp/base [--rounds 7] [--ops 2000]
 
-Runs `benchmarks/async_launch.py --per-op`'s worker from each tree (with that tree first on PYTHONPATH, so
-it imports that tree's npudist and its built extensions), in both launch modes, as four long-lived
+Runs this tree's `benchmarks/async_launch.py --per-op` worker against each tree (that tree first on
+PYTHONPATH, so it imports that tree's npudist and its built extensions; the measuring code is the same for
+both, so an older tree is measured on every op this tree's worker knows), in both launch modes, as four long-lived
 processes driven in alternating rounds (benchmarks/_alternate.py): machine noise hits all four alike.
 Prints per op and launch mode the median microseconds per op of each tree and their ratio
 (this tree / other tree; above 1.00 this tree is slower), and the cpu eager baseline measured in the
@@ -24,9 +25,9 @@ THIS_TREE = os.path.dirname(HERE)
 
 
 def _worker(tree: str, blocking: str, ops: int) -> tuple[list[str], dict]:
-    script = os.path.join(tree, "benchmarks", "async_launch.py")
-    if not os.path.exists(script):
-        raise SystemExit(f"{script} does not exist: the other tree must have benchmarks/async_launch.py --per-op")
+    if not os.path.isdir(os.path.join(tree, "npudist")):
+        raise SystemExit(f"{tree} has no npudist package: pass a source tree with its extensions built in place")
+    script = os.path.join(HERE, "async_launch.py")
     env = dict(os.environ, PYTHONPATH=tree, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking)
     return [sys.executable, script, "--worker", "--per-op", "--ops", str(ops)], env
 
@@ -51,9 +52,6 @@ def main(argv=None) -> int:
     print(f"  {'op':<8} {'mode':<9} {'other':>8} {'this':>8} {'this/other':>11} {'cpu':>7}")
     names = sorted({k.split("_", 1)[1] for ts in times.values() for t in ts for k in t if k.startswith("npu_")})
     for name in names:
-        if not all(f"npu_{name}" in t for ts in times.values() for t in ts):
-            print(f"  {name:<8} measured by one tree only (its benchmarks/async_launch.py --per-op is older)")
-            continue
         cpu = statistics.median(t[f"cpu_{name}"] for ts in times.values() for t in ts)
         for mode in ("async", "blocking"):
             med = {tree: statistics.median(t[f"npu_{name}"] for t in times[(tree, mode)]) for tree in ("other", "this")}
