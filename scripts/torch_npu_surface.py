@@ -312,7 +312,8 @@ def doc_with_table(doc: str, table: str) -> str:
         head, _, rest = doc.partition(DOC_BEGIN)
         _, _, tail = rest.partition(DOC_END)
         return head + table + tail
-    return doc.rstrip("\n") + "\n\n## The torch_npu surface, name by name\n" + table + "\n"
+    raise ValueError(f"{DOC.relative_to(ROOT)} lost its table marker {DOC_BEGIN!r}: put the marker line (and "
+                     f"{DOC_END!r} after it) where the generated table goes, then rerun")
 
 
 def write_doc() -> None:
