@@ -257,20 +257,14 @@ struct StreamItem {
   MarkerPtr wait;    // set for stream-wait tasks: the worker blocks until this marker of another stream is done
 };
 
-// Per device, over all its streams: tasks enqueued and not yet finished, and tasks finished so far (the
-// device's progress, which device_drain watches). Updated beside each stream's own `pending`.
-std::atomic<int64_t> g_device_pending[kMaxDevices];
-std::atomic<uint64_t> g_device_finished[kMaxDevices];
-
 // One stream: an in-order queue of host functions and the worker that runs them.
 struct StreamState {
-  explicit StreamState(int dev) : device(dev) {}
-  const int device;
   std::mutex mu;
   std::condition_variable cv_work;  // worker sleeps here
   std::condition_variable cv_done;  // waiters sleep here
   std::deque<StreamItem> queue;
   std::atomic<int64_t> pending{0};  // enqueued and not yet finished
+  std::atomic<uint64_t> finished{0};  // run so far: the stream's progress (device_drain); written by its worker only
   std::atomic<int> waiters{0};
   std::atomic<int> worker_sleeping{0};
   bool worker_started = false;
@@ -293,8 +287,7 @@ struct StreamState {
         t.marker->done.store(true, std::memory_order_release);
       }
       pending.fetch_sub(1, std::memory_order_acq_rel);
-      g_device_pending[device].fetch_sub(1, std::memory_order_acq_rel);
-      g_device_finished[device].fetch_add(1, std::memory_order_relaxed);
+      finished.store(finished.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       if (waiters.load() > 0) {
         std::lock_guard<std::mutex> lk(mu);
         cv_done.notify_all();
@@ -315,7 +308,6 @@ struct StreamState {
       }
       queue.push_back(std::move(t));
       pending.fetch_add(1, std::memory_order_release);
-      g_device_pending[device].fetch_add(1, std::memory_order_release);
     }
     if (worker_sleeping.load() > 0) {
       std::lock_guard<std::mutex> lk(mu);
@@ -336,7 +328,7 @@ StreamState* state_if_exists(int device, int64_t stream) {
 StreamState* state(int device, int64_t stream) {
   StreamState* s = state_if_exists(device, stream);
   if (s) return s;
-  auto* fresh = new StreamState(device);
+  auto* fresh = new StreamState();
   if (g_streams[device][stream].compare_exchange_strong(s, fresh)) return fresh;
   delete fresh;
   return s;
@@ -358,7 +350,6 @@ void reset_after_fork() {
       if (slot.load()) slot.store(nullptr);  // leak the parent's state: its mutexes may be held
     }
   }
-  for (auto& n : g_device_pending) n.store(0);
 }
 
 struct ForkHandler {
@@ -436,33 +427,46 @@ void stream_synchronize(int device, int64_t stream) {
   marker_wait(record_marker(device, stream));
 }
 
+// The device-wide questions read every existing stream's own counters: they are asked rarely (an allocation
+// that would set a new peak), while a device-wide counter would be written by every launch and every worker.
+namespace {
+struct DeviceProgress {
+  bool busy = false;   // a stream other than the excepted one has work pending
+  uint64_t finished = 0;
+};
+DeviceProgress device_progress(int device, int64_t except) {
+  DeviceProgress p;
+  for (int64_t id = 0; id < kStreamIds; ++id) {
+    StreamState* s = g_streams[device][id].load(std::memory_order_acquire);
+    if (!s) continue;
+    p.finished += s->finished.load(std::memory_order_relaxed);
+    if (id != except && s->pending.load(std::memory_order_acquire) > 0) p.busy = true;
+  }
+  return p;
+}
+}  // namespace
+
 bool device_busy_besides(int device, int64_t stream) {
   check_device(device);
-  int64_t others = g_device_pending[device].load(std::memory_order_acquire);
-  if (stream >= 0) {
-    StreamState* s = state_if_exists(device, stream);
-    if (s) others -= s->pending.load(std::memory_order_acquire);
-  }
-  return others > 0;
+  if (stream >= 0) check_stream(stream);
+  return device_progress(device, stream).busy;
 }
 
 bool device_drain(int device, std::chrono::milliseconds stall) {
   check_device(device);
-  auto& pending = g_device_pending[device];
-  auto& finished = g_device_finished[device];
-  if (pending.load(std::memory_order_acquire) == 0) return true;
+  DeviceProgress p = device_progress(device, -1);
+  if (!p.busy) return true;
   void* token = g_blocking_hooks.before ? g_blocking_hooks.before() : nullptr;
-  uint64_t seen = finished.load(std::memory_order_relaxed);
+  uint64_t seen = p.finished;
   int64_t last_progress = now_ns();
   const int64_t stall_ns = std::chrono::nanoseconds(stall).count();
   bool drained = true;
   // Polled, not woken: the device's streams each have their own condition variable, and a drain is rare
   // (an allocation that would set a new peak); yields first, then 50 us sleeps, never a busy spin.
-  for (int polls = 0; pending.load(std::memory_order_acquire) > 0; ++polls) {
+  for (int polls = 0; (p = device_progress(device, -1)).busy; ++polls) {
     const int64_t now = now_ns();
-    const uint64_t f = finished.load(std::memory_order_relaxed);
-    if (f != seen) {
-      seen = f;
+    if (p.finished != seen) {
+      seen = p.finished;
       last_progress = now;
     } else if (now - last_progress > stall_ns) {
       drained = false;

@@ -173,7 +173,7 @@ typedef struct NpudistRuntimeApi {
 
   // --- Version 8 ---
   // 1 if a stream of `device` other than `stream` (-1: every stream counts) has work pending, 0 if none has,
-  // -1 if the ids are invalid. One read of the device's count, not a query per stream id.
+  // -1 if the ids are invalid.
   int (*device_busy_besides)(int device, int64_t stream);
   // Blocks the calling thread (calling the blocking hooks) until nothing is pending on any stream of
   // `device`: 1 then. Gives up when no task of the device finished for `stall_ms` (the queued work waits for
