@@ -155,17 +155,27 @@ at::ThreadLocalState capture_launch_state() {
 }
 
 // Installs the launcher's state on the worker for one kernel (minus the Python dispatch keys, see
-// without_python_keys) and restores the worker's own afterwards.
+// without_python_keys) and afterwards the worker's own, as it was before its first kernel. Why not
+// at::ThreadLocalStateGuard: it captures the worker's state anew for every kernel (a copy of every part, the
+// profiler's callback lists and functorch's state among them), though a worker's own state never changes; the
+// capture made a queued kernel's turn on the worker about 1 us longer. Restoring every part still drops the
+// worker's copies of the launcher's references before the host destroys the task (capture_launch_state).
 class LaunchStateGuard {
  public:
-  explicit LaunchStateGuard(const at::ThreadLocalState& s) : tls_(s) {
+  explicit LaunchStateGuard(const at::ThreadLocalState& s) {
+    own_state();  // captured before the first kernel's state is installed
+    at::ThreadLocalState::setThreadLocalState(s);
     c10::impl::_force_tls_local_dispatch_key_set(without_python_keys(c10::impl::tls_local_dispatch_key_set()));
   }
+  ~LaunchStateGuard() { at::ThreadLocalState::setThreadLocalState(own_state()); }
   LaunchStateGuard(const LaunchStateGuard&) = delete;
   LaunchStateGuard& operator=(const LaunchStateGuard&) = delete;
 
  private:
-  at::ThreadLocalStateGuard tls_;  // restores every part, the dispatch keys included
+  static const at::ThreadLocalState& own_state() {
+    static thread_local const at::ThreadLocalState state;  // workers are never destroyed (runtime.cpp)
+    return state;
+  }
 };
 
 // What a kernel needs from its launching thread: the kernel and the state it runs under (capture_launch_state);
