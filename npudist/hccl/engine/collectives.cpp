@@ -83,10 +83,15 @@ void ShmEngineImpl::reduce(const void* in, void* out, size_t count, ElementType 
 void ShmEngineImpl::reduce_one_shot(const void* in, void* out, size_t count, ElementType t, Reduction op,
                                       int root, double scale) {
   const size_t bytes = count * element_bytes(t);
-  if (bytes) std::memcpy(write_half(), in, bytes);
+  if (bytes) {
+    std::memcpy(write_half(), in, bytes);
+    if (tiny()) std::memcpy(tiny_write(), in, bytes);  // and in the line of the post (tiny.cpp)
+  }
   sync();
   if (root >= 0 && root != rank_) return;
-  for (int j = 0; j < size_; ++j) srcs_[j] = j == rank_ ? in : read_half(j);
+  for (int j = 0; j < size_; ++j) {
+    srcs_[j] = j == rank_ ? in : tiny() ? static_cast<const void*>(tiny_read(j)) : read_half(j);
+  }
   if (count) reduce_buffers(t, op, srcs_.data(), size_, out, nullptr, count, scale);
 }
 
@@ -146,6 +151,15 @@ void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const Collectiv
     if (all_shared()) return broadcast_zc(buf, bytes, root);
   }
   if (use_direct(bytes)) return broadcast_direct(buf, bytes, root);
+  if (bytes <= kTinyBytes) {
+    if (rank_ == root && bytes) {
+      std::memcpy(write_half(), buf, bytes);
+      if (tiny()) std::memcpy(tiny_write(), buf, bytes);  // and in the line of the post (tiny.cpp)
+    }
+    sync();
+    if (rank_ != root && bytes) std::memcpy(buf, tiny() ? static_cast<const void*>(tiny_read(root)) : read_half(root), bytes);
+    return;
+  }
   size_t off = 0;
   do {
     const size_t len = std::min(pipe_bytes_, bytes - off);

@@ -14,13 +14,16 @@ using Clock = std::chrono::steady_clock;
 
 // One cache line: `value` only grows; `word` changes on every post so futex sleepers notice; `cpu` is the
 // CPU the poster ran on at its last post (a hint for waiters: a peer last seen on the waiter's own CPU
-// cannot post while the waiter spins there).
+// cannot post while the waiter spins there). `carried` is the line's spare bytes, the poster's to use: written
+// before post() and read after a wait for that post, they reach the waiter with the line it waited on, at no
+// further cache miss (the engine's tiny-collective cells, shm_engine_impl.h).
 struct alignas(64) Signal {
   std::atomic<uint64_t> value;
   std::atomic<uint32_t> word;
   std::atomic<uint32_t> waiters;
   std::atomic<int32_t> cpu;
-  char pad[44];
+  static constexpr size_t kCarriedBytes = 44;
+  unsigned char carried[kCarriedBytes];
 
   void post(uint64_t v);
   void wake_all();

@@ -22,7 +22,9 @@ std::vector<size_t> reduction_sizes(const Args& a, ElementType t) {
   const size_t es = element_bytes(t);
   // The last size spans several pipeline chunks with the 16 KiB test buffer; capped so the reference
   // computation stays quick with larger buffers.
-  return {0, 1, 7, 1000 / es + 3, std::min<size_t>(3 * a.buffer, 320 << 10) / es + 13};
+  // 8 / es and one more: the largest op carried in the step signal's line (tiny.cpp) and the smallest not.
+  return {0, 1, 7, std::max<size_t>(8 / es, 1), 8 / es + 1, 1000 / es + 3,
+          std::min<size_t>(3 * a.buffer, 320 << 10) / es + 13};
 }
 
 void check_reductions(const Args& a, ShmEngine& c) {
@@ -93,7 +95,7 @@ uint8_t pattern(int src, int dst, size_t k, int salt) {
 void check_data_movement(const Args& a, ShmEngine& c) {
   const int n = a.size, r = a.rank;
   int salt = 0;
-  for (size_t bytes : {size_t(0), size_t(1), size_t(13), size_t(4096), 3 * a.buffer + 5}) {
+  for (size_t bytes : {size_t(0), size_t(1), size_t(8), size_t(9), size_t(13), size_t(4096), 3 * a.buffer + 5}) {
     ++salt;
     const std::string sz = " bytes " + std::to_string(bytes);
     for (int root = 0; root < n; ++root) {

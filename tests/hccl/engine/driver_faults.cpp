@@ -68,6 +68,35 @@ void run_mismatch(const Args& a) {
                FailureKind::kMismatch, {who, "sequence number"});
   seq += 2;
   check_sum_works(*c, ++seq);
+  // The same disagreements on ops small enough to travel in the step signal's line (tiny.cpp): a key that
+  // differs sends every rank to the full descriptor check, which names the difference as above.
+  expect_error([&] { ar(me ? 1 : 2, ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "element count"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] { ar(me ? 3 : 2, ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "element count"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] { ar(2, me ? ElementType::kInt32 : ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "dtype"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] { ar(1, ElementType::kFloat32, me ? Reduction::kMax : Reduction::kSum); }, FailureKind::kMismatch, {who, "reduce op"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] { c->reduce(buf.data(), buf.data(), 2, ElementType::kFloat32, Reduction::kSum, me ? 1 : 0,
+                               CollectiveInfo{"reduce", ++seq}); }, FailureKind::kMismatch, {who, "root"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] { c->broadcast(buf.data(), 8, me ? 1 : 0, CollectiveInfo{"broadcast", ++seq}); }, FailureKind::kMismatch, {who, "root"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] {
+    if (me) c->barrier(CollectiveInfo{"barrier", ++seq});
+    else ar(2, ElementType::kFloat32, Reduction::kSum);
+  }, FailureKind::kMismatch, {who + " barrier", "collective"});
+  check_sum_works(*c, ++seq);
+  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 2, ElementType::kFloat32, Reduction::kSum,
+                                   CollectiveInfo{"all_reduce", me ? seq + 2 : seq + 1}); },
+               FailureKind::kMismatch, {who, "sequence number"});
+  seq += 2;
+  check_sum_works(*c, ++seq);
+  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 2, ElementType::kFloat32, Reduction::kSum,
+                                   CollectiveInfo{"all_reduce", ++seq}, me ? 0.5 : 1.0); },
+               FailureKind::kMismatch, {who, "scale"});
+  check_sum_works(*c, ++seq);
   // all_to_all: the last rank expects one byte more from rank 0 than rank 0 sends.
   std::vector<size_t> sc(a.size, 4), so(a.size), rc(a.size, 4), ro(a.size);
   for (int j = 0; j < a.size; ++j) { so[j] = 4 * j; ro[j] = 8 * j; }
