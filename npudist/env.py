@@ -207,6 +207,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUDIST_ENGINE_DIRECT", "engine", "a copy-path choice", f"auto or a boolean ({BOOL_FORM})", "auto",
              _parse_direct, _spell_direct),
     _bool("NPUDIST_ENGINE_ZERO_COPY", "engine", True, spell=True),
+    _bool("NPUDIST_ENGINE_TINY", "engine", True, spell=True),
     Variable("NPUDIST_ENGINE_NO_AVX2", "engine", "a boolean", BOOL_FORM, False, parse_bool, _spell_present),
     # Data.
     Variable("NPUDIST_DATA_CACHE", "data", "a directory", "a directory", None, _text),
