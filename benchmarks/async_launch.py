@@ -42,6 +42,8 @@ def _args(argv=None):
     ap.add_argument("--loop", nargs="+", choices=sorted(LOOPS), default=["chain", "div", "relu", "block"])
     ap.add_argument("--per-op", action="store_true", help="cost per small op (add, mm) instead of the matmul chain")
     ap.add_argument("--ops", type=int, default=3000, help="ops per timed loop (--per-op)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (--per-op); 0: torch's default (one per core)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if "block" in args.loop and (args.size * args.size) % (256 * 256):
@@ -91,7 +93,8 @@ def per_op_worker(args) -> None:
     """--per-op: per round, microseconds per op for each op on npu (this process's launch mode) and on cpu."""
     import torch
     import npudist  # noqa: F401
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     operands = {(dev, n): (torch.randn(n, n, device=dev), torch.randn(n, n, device=dev))
                 for dev in ("npu", "cpu") for n in (64, 256)}
 
@@ -153,7 +156,8 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chain", str(args.chain), "--size", str(args.size),
-           "--block-steps", str(args.block_steps), "--ops", str(args.ops), "--loop", *args.loop] + (["--per-op"] if args.per_op else [])
+           "--block-steps", str(args.block_steps), "--ops", str(args.ops), "--threads", str(args.threads),
+           "--loop", *args.loop] + (["--per-op"] if args.per_op else [])
     sys.path.insert(0, HERE)
     from _alternate import alternate
     times = alternate({mode: (cmd, dict(os.environ, ASCEND_LAUNCH_BLOCKING=blocking, NPUDIST_LAUNCH_BLOCKING=blocking))
@@ -185,9 +189,10 @@ def main(argv=None) -> int:
 
 
 def report_per_op(args, times) -> None:
+    threads = args.threads or f"torch's default ({os.cpu_count()})"
     print(f"microseconds per op (add, mm: 64x64 fp32; add_256k: 256x256 fp32), loops of {args.ops} ops then "
           f"synchronize; {args.rounds} alternating "
-          f"rounds (medians); load average {os.getloadavg()[0]:.2f}")
+          f"rounds (medians); intra-op threads {threads}; load average {os.getloadavg()[0]:.2f}")
     print(f"  {'op':<8} {'npu async':>10} {'npu blocking':>13} {'cpu':>7}   async/cpu  blocking/cpu  async/blocking")
     for name in PER_OP:
         med = {mode: statistics.median(t[f"npu_{name}"] for t in ts) for mode, ts in times.items()}
