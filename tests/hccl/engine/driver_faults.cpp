@@ -49,54 +49,40 @@ void run_mismatch(const Args& a) {
   auto ar = [&](size_t count, ElementType t, Reduction op) {
     c->all_reduce(buf.data(), buf.data(), count, t, op, CollectiveInfo{"all_reduce", ++seq});
   };
-  expect_error([&] { ar(me ? 7 : 8, ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "element count"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { ar(8, me ? ElementType::kInt32 : ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "dtype"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { ar(8, ElementType::kFloat32, me ? Reduction::kMax : Reduction::kSum); }, FailureKind::kMismatch, {who, "reduce op"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { c->broadcast(buf.data(), 16, me ? 1 : 0, CollectiveInfo{"broadcast", ++seq}); }, FailureKind::kMismatch, {who, "root"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] {
-    if (me) c->all_gather(buf.data(), out.data(), 16, CollectiveInfo{"all_gather", ++seq});
-    else ar(4, ElementType::kFloat32, Reduction::kSum);
-  }, FailureKind::kMismatch, {who + " all_gather", "collective"});
-  check_sum_works(*c, ++seq);
-  // A rank that skipped a collective shows up as a sequence-number disagreement.
-  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 8, ElementType::kFloat32, Reduction::kSum,
-                                   CollectiveInfo{"all_reduce", me ? seq + 2 : seq + 1}); },
-               FailureKind::kMismatch, {who, "sequence number"});
-  seq += 2;
-  check_sum_works(*c, ++seq);
-  // The same disagreements on ops small enough to travel in the step signal's line (tiny.cpp): a key that
-  // differs sends every rank to the full descriptor check, which names the difference as above.
-  expect_error([&] { ar(me ? 1 : 2, ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "element count"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { ar(me ? 3 : 2, ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "element count"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { ar(2, me ? ElementType::kInt32 : ElementType::kFloat32, Reduction::kSum); }, FailureKind::kMismatch, {who, "dtype"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { ar(1, ElementType::kFloat32, me ? Reduction::kMax : Reduction::kSum); }, FailureKind::kMismatch, {who, "reduce op"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { c->reduce(buf.data(), buf.data(), 2, ElementType::kFloat32, Reduction::kSum, me ? 1 : 0,
-                               CollectiveInfo{"reduce", ++seq}); }, FailureKind::kMismatch, {who, "root"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { c->broadcast(buf.data(), 8, me ? 1 : 0, CollectiveInfo{"broadcast", ++seq}); }, FailureKind::kMismatch, {who, "root"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] {
+  // Each disagreement twice: on 8 floats (descriptors and staging slots) and on 2 floats, small enough to
+  // travel in the step signal's line (tiny.cpp), where a key that differs sends every rank to the full check.
+  auto expect_mismatch = [&](const std::function<void()>& call, const std::string& who_called, const char* what) {
+    expect_error(call, FailureKind::kMismatch, {who_called, what});
+    check_sum_works(*c, ++seq);
+  };
+  for (size_t n : {size_t(8), size_t(2)}) {
+    const auto f32 = ElementType::kFloat32;
+    expect_mismatch([&] { ar(me ? n - 1 : n, f32, Reduction::kSum); }, who, "element count");
+    expect_mismatch([&] { ar(n, me ? ElementType::kInt32 : f32, Reduction::kSum); }, who, "dtype");
+    expect_mismatch([&] { ar(n, f32, me ? Reduction::kMax : Reduction::kSum); }, who, "reduce op");
+    expect_mismatch([&] { c->broadcast(buf.data(), 4 * n, me ? 1 : 0, CollectiveInfo{"broadcast", ++seq}); }, who, "root");
+    expect_mismatch([&] { c->reduce(buf.data(), buf.data(), n, f32, Reduction::kSum, me ? 1 : 0, CollectiveInfo{"reduce", ++seq}); },
+                    who, "root");
+    expect_mismatch([&] {
+      if (me) c->all_gather(buf.data(), out.data(), 16, CollectiveInfo{"all_gather", ++seq});
+      else ar(n, f32, Reduction::kSum);
+    }, who + " all_gather", "collective");
+    expect_mismatch([&] {
+      c->all_reduce(buf.data(), buf.data(), n, f32, Reduction::kSum, CollectiveInfo{"all_reduce", ++seq}, me ? 0.5 : 1.0);
+    }, who, "scale");
+    // A rank that skipped a collective shows up as a sequence-number disagreement.
+    expect_error([&] { c->all_reduce(buf.data(), buf.data(), n, f32, Reduction::kSum,
+                                     CollectiveInfo{"all_reduce", me ? seq + 2 : seq + 1}); },
+                 FailureKind::kMismatch, {who, "sequence number"});
+    seq += 2;
+    check_sum_works(*c, ++seq);
+  }
+  // A tiny op against one just too large for the line, and a barrier (tiny) against a tiny all_reduce.
+  expect_mismatch([&] { ar(me ? 3 : 2, ElementType::kFloat32, Reduction::kSum); }, who, "element count");
+  expect_mismatch([&] {
     if (me) c->barrier(CollectiveInfo{"barrier", ++seq});
     else ar(2, ElementType::kFloat32, Reduction::kSum);
-  }, FailureKind::kMismatch, {who + " barrier", "collective"});
-  check_sum_works(*c, ++seq);
-  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 2, ElementType::kFloat32, Reduction::kSum,
-                                   CollectiveInfo{"all_reduce", me ? seq + 2 : seq + 1}); },
-               FailureKind::kMismatch, {who, "sequence number"});
-  seq += 2;
-  check_sum_works(*c, ++seq);
-  expect_error([&] { c->all_reduce(buf.data(), buf.data(), 2, ElementType::kFloat32, Reduction::kSum,
-                                   CollectiveInfo{"all_reduce", ++seq}, me ? 0.5 : 1.0); },
-               FailureKind::kMismatch, {who, "scale"});
-  check_sum_works(*c, ++seq);
+  }, who + " barrier", "collective");
   // all_to_all: the last rank expects one byte more from rank 0 than rank 0 sends.
   std::vector<size_t> sc(a.size, 4), so(a.size), rc(a.size, 4), ro(a.size);
   for (int j = 0; j < a.size; ++j) { so[j] = 4 * j; ro[j] = 8 * j; }
