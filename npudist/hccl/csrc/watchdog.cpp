@@ -66,7 +66,12 @@ void ProcessGroupHCCL::monitor_loop() {
             static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(now - since).count()),
             static_cast<long long>(heartbeat_timeout_.count()));
     fflush(stderr);
-    if (comm_) comm_->abort("heartbeat monitor: the watchdog is stuck");  // peers fail at once, not at timeout
+    // Peers fail at once instead of at their timeout. comm_mu_ keeps reinit and shutdown from freeing comm_
+    // meanwhile; the stuck watchdog may hold it (a dump runs under it), so the monitor tries for a second and
+    // exits without the abort rather than hang in the one thread meant to end the hang.
+    std::unique_lock<std::mutex> comm_guard(comm_mu_, std::defer_lock);
+    for (int i = 0; i < 100 && !comm_guard.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (comm_guard.owns_lock() && comm_) comm_->abort("heartbeat monitor: the watchdog is stuck");
     std::_Exit(1);
   }
 }
