@@ -1,11 +1,9 @@
 // Asynchronous kernel launch: kernels as host functions on the runtime's per-stream queues, errors
 // carried to the next synchronization point, the worker's thread-local state taken from the launcher.
 #include "launch/launch.h"
+#include "launch/launch_state.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/SavedTensorHooks.h>
-#include <ATen/ThreadLocalState.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -50,17 +48,6 @@ void record_error(const std::string& op, const std::string& site, const char* wh
   record_message("npu kernel " + op + " (launched at " + (site.empty() ? std::string("<unknown>") : site) +
                  ") failed asynchronously: " + what +
                  "\n(npu kernels run asynchronously; set ASCEND_LAUNCH_BLOCKING=1 to raise at the call)");
-}
-
-// The dispatch keys a queued kernel's CPU ops run with: the launcher's, without the Python ones. A kernel launched
-// under a Python dispatcher or mode (fake tensors, functionalization in torch.compile) carries those keys, but
-// the kernel's CPU ops must not reach Python on the worker: that takes the GIL, which the launching thread may
-// hold while it waits for the worker (synchronize, a full queue).
-c10::impl::LocalDispatchKeySet without_python_keys(c10::impl::LocalDispatchKeySet keys) {
-  static const c10::DispatchKeySet python_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                                                c10::DispatchKey::PythonDispatcher, c10::DispatchKey::PreDispatch});
-  keys.included_ = keys.included_ - python_keys;
-  return keys;
 }
 
 // The launch window of one stream: how many kernels are queued there and not yet run. Only the count is bounded
@@ -131,54 +118,7 @@ void wait_half_drained(Window* w) {
   if (g_site.block_end) g_site.block_end(token);
 }
 
-// The launching thread's state, captured once per launch: PyTorch's own at::ThreadLocalState, as its autograd
-// engine carries it to its worker threads. Everything the dispatcher and autograd consult comes along (grad and
-// inference mode, autocast state and dtypes, the dispatch-key include/exclude sets, functionalization, forward AD,
-// profiler and functorch state), so a kernel's CPU ops dispatch on the worker as they would have on the launcher.
-// One exception: saved-tensor default hooks are left out. Their stack holds c10::SafePyObject values, whose copy
-// and destruction take the GIL; installing them on the worker would make every kernel wait for the GIL (and
-// deadlock while the launching thread holds it and waits for the worker). A queued kernel never records autograd
-// history (the fallback runs below the autograd keys), so the hooks have nothing to pack there. The other Python
-// parts (mode stacks, torch-function state) are shared_ptr copies: the captured state holds a reference until
-// the host destroys the finished task (release_finished), so the worker never drops the last one.
-at::ThreadLocalState capture_launch_state() {
-  const at::impl::SavedTensorDefaultHooksTLS& hooks = at::SavedTensorDefaultHooks::get_tls_state();
-  if (hooks.stack.empty()) return at::ThreadLocalState();
-  const at::impl::SavedTensorDefaultHooksTLS saved = hooks;
-  at::impl::SavedTensorDefaultHooksTLS without;
-  without.disabled_error_message = saved.disabled_error_message;
-  without.is_tracing = saved.is_tracing;
-  at::SavedTensorDefaultHooks::set_tls_state(without);
-  at::ThreadLocalState state;
-  at::SavedTensorDefaultHooks::set_tls_state(saved);
-  return state;
-}
-
-// Installs the launcher's state on the worker for one kernel (minus the Python dispatch keys, see
-// without_python_keys) and afterwards the worker's own, as it was before its first kernel. Why not
-// at::ThreadLocalStateGuard: it captures the worker's state anew for every kernel (a copy of every part, the
-// profiler's callback lists and functorch's state among them), though a worker's own state never changes; the
-// capture made a queued kernel's turn on the worker about 1 us longer. Restoring every part still drops the
-// worker's copies of the launcher's references before the host destroys the task (capture_launch_state).
-class LaunchStateGuard {
- public:
-  explicit LaunchStateGuard(const at::ThreadLocalState& s) {
-    own_state();  // captured before the first kernel's state is installed
-    at::ThreadLocalState::setThreadLocalState(s);
-    c10::impl::_force_tls_local_dispatch_key_set(without_python_keys(c10::impl::tls_local_dispatch_key_set()));
-  }
-  ~LaunchStateGuard() { at::ThreadLocalState::setThreadLocalState(own_state()); }
-  LaunchStateGuard(const LaunchStateGuard&) = delete;
-  LaunchStateGuard& operator=(const LaunchStateGuard&) = delete;
-
- private:
-  static const at::ThreadLocalState& own_state() {
-    static thread_local const at::ThreadLocalState state;  // workers are never destroyed (runtime.cpp)
-    return state;
-  }
-};
-
-// What a kernel needs from its launching thread: the kernel and the state it runs under (capture_launch_state);
+// What a kernel needs from its launching thread: the kernel and the state it runs under (launch_state.h);
 // intra-op threads come from ATen's setting, initialised once per worker.
 struct QueuedKernel {
   QueuedKernel(std::function<void()> k, const char* o) : kernel(std::move(k)), op(o) {}
@@ -191,7 +131,7 @@ struct QueuedKernel {
   Window* window = nullptr;
   int device = -1;
   LaunchCost cost;
-  at::ThreadLocalState state = capture_launch_state();
+  LaunchState state = capture_launch_state();
 };
 
 // Kernels that ran, waiting for a launching thread to destroy them (release_finished). Why not destroy them
@@ -260,7 +200,7 @@ void run_task(void* arg) {
     threads_initialised = true;
   }
   try {
-    LaunchStateGuard state(t->state);
+    WorkerStateScope state(t->state);
     BusyScope busy(t->device);
     t->kernel();
   } catch (const std::exception& e) {

@@ -70,6 +70,33 @@ def test_queued_kernels_run_under_the_launchers_inference_mode():
 
 
 @needs_async
+def test_queued_kernels_follow_every_change_of_the_launchers_state():
+    """Launches alternate between inference mode and ordinary mode, all queued behind a gate. A state that holds
+    no Python object is shared between launches while nothing changes, and the worker keeps it installed
+    (launch_state.h); each kernel must still run under its own launcher's state: an in-place update of an
+    inference tensor run under the ordinary state raises at the synchronize."""
+    x = torch.randn(64, 64, device="npu")
+    with torch.inference_mode():
+        y = torch.zeros(64, 64, device="npu")
+        y.add_(x)  # first runs of the signature: synchronous
+    z = torch.zeros(64, 64, device="npu")
+    z.add_(x)
+    torch.npu.synchronize()
+    stream = torch.npu.current_stream()
+    with HostGate(0, stream.stream_id):
+        kernel_queue.reset_launch_counts()
+        for _ in range(6):
+            with torch.inference_mode():
+                y.add_(x)
+            z.add_(x)
+        assert kernel_queue.launch_counts()["queued"] == 12
+    torch.npu.synchronize()
+    expected = sum([x.cpu()] * 7, torch.zeros(64, 64))
+    assert torch.equal(y.cpu(), expected) and torch.equal(z.cpu(), expected)
+    assert not torch.is_inference_mode_enabled()
+
+
+@needs_async
 def test_queued_kernels_run_under_the_launchers_autocast():
     """Under torch.autocast("npu") a queued matmul computes in the autocast dtype and its result equals the same
     op under CPU autocast bit for bit; the state (at::ThreadLocalState) is the launcher's, restored afterwards."""
