@@ -129,6 +129,11 @@ def _record_on_a_busy_stream(n):
 
 def test_record_stream_delays_reuse_until_stream_passes():
     n = 512 * 1024
+    # A cached block for x and y, so that no allocation here makes a new peak of allocated memory: before one the
+    # allocator lets the device's streams catch up (docs/memory.md, DeviceHooks::before_new_peak), after which s
+    # has passed and reusing x's block is right.
+    spare = torch.empty(2 * n + MiB, dtype=torch.uint8, device="npu")
+    del spare
     s, busy, x = _record_on_a_busy_stream(n)
     px = x.data_ptr()
     del x
