@@ -140,10 +140,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
   const bool run_now = !spec.async && !spec.p2p && coll_lane_.idle();
   // Nothing to wait for before it runs: it starts as it is recorded (its start time is its issue time).
   const bool starts_now = run_now && !stream_busy;
+  // One clock read for the op's issue time: the Work's, and the flight recorder's creation time.
+  const auto issued = std::chrono::steady_clock::now();
   const uint64_t trace_id = record_op(trace_pg_id_, options_->group_name,
                                       getGroupDesc().empty() ? options_->group_desc : getGroupDesc(), spec, seq_,
-                                      p2p_seq_, timeout_.count(), starts_now);
-  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device);
+                                      p2p_seq_, timeout_.count(), steady_ns(issued), starts_now);
+  auto work = c10::make_intrusive<WorkHCCL>(this, std::move(spec), seq, trace_id, device, issued);
   work->generation_ = generation_.load();
   const auto& s = work->spec_;
   if (coalescing_) coalesced_.push_back(work);
@@ -156,7 +158,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
     profiling::note_issue(*work, device, cur_stream);
     if (starts_now) work->started_ = work->issued_;
     execute(work, starts_now);
-    return work;
+    return finish_synchronous(work);
   }
 
   work->future_ = make_future(device);  // before any other thread sees the Work
@@ -204,7 +206,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
     work->lane_ = &coll_lane_;
     work->ticket_ = coll_lane_.submit(std::move(task));
   }
+  if (!s.async && !s.p2p) {
+    work->wait(kNoTimeout);  // queued behind earlier ops or the npu stream: as c10d's wait() would right away
+    return finish_synchronous(work);
+  }
   return work;
+}
+
+// As ProcessGroupNCCL since torch 2.8: a synchronous collective (c10d's asyncOp=False, what
+// dist.all_reduce(async_op=False) and its siblings pass) returns no Work; torch's Python API then skips
+// wait() ("the backend has sync'ed at CPP level"). The op has completed here and its failure is raised here.
+// No Python Work object is made, waited on and freed per call, and the Work's references to the caller's
+// tensors are dropped while their pybind caster still holds them: freeing them later, in the Python
+// Work's deallocation, took the GIL once more per call (the last C++ reference to a tensor with a
+// PyObject releases that object). Point-to-point ops are always asynchronous in c10d and keep their Work.
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::finish_synchronous(const c10::intrusive_ptr<WorkHCCL>& work) {
+  work->observed_ = true;
+  // Read without the Work's lock: it completed on this thread, or wait() saw it complete under the lock.
+  if (work->outcome()) std::rethrow_exception(work->outcome());
+  return {};
 }
 
 Lane& ProcessGroupHCCL::p2p_lane(int peer, bool is_send) {
@@ -218,7 +238,8 @@ void ProcessGroupHCCL::execute(const c10::intrusive_ptr<WorkHCCL>& work, bool st
   profiling::CollectiveScope collective_event(*work);
   if (!started_at_issue) {
     work->started_ = std::chrono::steady_clock::now();
-    FlightRecorder::get().mark_started(work->trace_id_, trace_pg_id_, work->spec_.p2p ? 0 : work->seq_);
+    FlightRecorder::get().mark_started(work->trace_id_, trace_pg_id_, work->spec_.p2p ? 0 : work->seq_,
+                                       steady_ns(work->started_));
   }
   std::exception_ptr err;
   try {
@@ -288,8 +309,13 @@ namespace {
 // The op's CPU event for torch.profiler, "hccl:<op>" (Gloo's and NCCL's pattern, the names PyTorch's
 // DistributedTest looks up), or null when nothing records. c10d::Work opens it as an async event with the
 // shapes of profiled_inputs; complete() closes it. Interned: the profiler may keep the pointer past the op.
+//
+// Whether a RecordFunction callback (torch.profiler's) records now: the thread's cached set of callbacks,
+// without the lock at::hasCallbacks() takes on the global ones (two per op, 0.05 us).
+bool records_events() { return at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value(); }
+
 const char* profiling_title(const OpSpec& spec) {
-  if (!at::hasCallbacks()) return nullptr;
+  if (!records_events()) return nullptr;
   static std::mutex m;
   static std::unordered_map<std::string, std::string> titles;
   std::string name = spec.name;
@@ -307,20 +333,22 @@ const char* profiling_title(const OpSpec& spec) {
 // A receive has no input: its event shows the buffer it fills, as Gloo's and NCCL's do. Without callbacks
 // there is no event (profiling_title is null) and c10d::Work ignores the shapes: no copy of the tensor list.
 std::optional<std::vector<at::Tensor>> profiled_inputs(const OpSpec& spec) {
-  if (!at::hasCallbacks()) return std::nullopt;
+  if (!records_events()) return std::nullopt;
   return spec.inputs.empty() ? spec.outputs : spec.inputs;
 }
 
 }  // namespace
 
-WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id, int device)
+WorkHCCL::WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id, int device,
+                   std::chrono::steady_clock::time_point issued)
     : c10d::Work(pg->getRank(), spec.type, profiling_title(spec), profiled_inputs(spec)),
       spec_(std::move(spec)),
       seq_(seq),
       trace_id_(trace_id),
-      issued_(std::chrono::steady_clock::now()),
+      issued_(issued),
       pg_(pg),
-      device_(device) {}
+      device_(device),
+      profiling_event_(static_cast<bool>(recordFunctionEndCallback_)) {}
 
 std::string WorkHCCL::describe() const {
   return c10::str(spec_.name, spec_.p2p ? c10::str(" (p2p seq ", seq_, ", peer ", spec_.peer, ")")
@@ -400,6 +428,7 @@ bool WorkHCCL::wait_on_stream() {
 // npu stream and returns, so the event never outlives the host's wait (torch.profiler builds its event
 // tree when the profile ends and crashes on an event still open; the npu-side event covers the rest).
 void WorkHCCL::close_profiling_event() {
+  if (!profiling_event_) return;
   std::function<void()> end;
   {
     std::lock_guard<std::mutex> g(mutex_);
@@ -503,15 +532,25 @@ void WorkHCCL::complete(std::exception_ptr error) {
   // returns, and an event ended on this thread while the profiler collects its results corrupted them
   // (torch.profiler's parse failed with "std::get: wrong index for variant").
   close_profiling_event();
-  {
-    std::lock_guard<std::mutex> g(mutex_);
-    if (completed_) return;
+  const auto set_outcome = [&] {
     finished_ = std::chrono::steady_clock::now();
     if (started_.time_since_epoch().count() == 0) started_ = finished_;
     completed_ = true;
     exception_ = error;
+  };
+  if (future_inline_) {
+    // An op run when issued, on this thread, completes once and before any other thread can see its Work:
+    // a synchronous op returns none (finish_synchronous), and the coalesced group's Work that lists it is
+    // handed out later. No lock, nobody to notify.
+    set_outcome();
+  } else {
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      if (completed_) return;
+      set_outcome();
+    }
+    cv_.notify_all();
   }
-  cv_.notify_all();
   std::string msg;
   if (error) {
     try {
@@ -523,7 +562,7 @@ void WorkHCCL::complete(std::exception_ptr error) {
   if (!future_inline_ && !future_claimed_) {  // an op run when issued makes its future on request
     post_completion([w = c10::intrusive_ptr<WorkHCCL>::reclaim_copy(this)] { w->finish_future(); });
   }
-  FlightRecorder::get().mark_done(trace_id_, pg_->trace_pg_id_, spec_.p2p ? 0 : seq_, msg);
+  FlightRecorder::get().mark_done(trace_id_, pg_->trace_pg_id_, spec_.p2p ? 0 : seq_, msg, steady_ns(finished_));
   // An op run when issued was never listed as outstanding: only its failure goes to the watchdog.
   if (error || !future_inline_) pg_->on_work_done(this);
 }

@@ -6,12 +6,6 @@
 
 namespace npudist::hccl {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 namespace {
 
 // npudist.env validates the variable at import; an unparsable value here falls back to the default.
@@ -52,8 +46,7 @@ uint64_t FlightRecorder::add_group(std::string name, std::string desc, int rank,
 
 uint64_t FlightRecorder::record(uint64_t pg_id, const std::string& name, const std::string& desc, bool p2p,
                                 uint64_t collective_seq_id, uint64_t p2p_seq_id, Fill fill, const void* ctx,
-                                bool started) {
-  const int64_t created = now_ns();
+                                int64_t created, bool started) {
   std::lock_guard<std::mutex> g(mu_);
   GroupTrace& grp = groups_.at(pg_id);
   if (grp.name != name) grp.name = name;
@@ -88,7 +81,7 @@ TraceEntry* FlightRecorder::find_locked(uint64_t handle) {
   return slot.record_id + 1 == handle ? &slot : nullptr;  // overwritten entries are gone
 }
 
-void FlightRecorder::mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq) {
+void FlightRecorder::mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq, int64_t at_ns) {
   std::lock_guard<std::mutex> g(mu_);
   if (seq != 0) {
     auto& grp = groups_.at(pg_id);
@@ -96,11 +89,12 @@ void FlightRecorder::mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq)
   }
   if (auto* e = find_locked(handle)) {
     e->state = TraceState::kStarted;
-    e->started_ns = now_ns();
+    e->started_ns = at_ns;
   }
 }
 
-void FlightRecorder::mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, const std::string& error) {
+void FlightRecorder::mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, const std::string& error,
+                               int64_t at_ns) {
   std::lock_guard<std::mutex> g(mu_);
   if (seq != 0 && error.empty()) {
     auto& grp = groups_.at(pg_id);
@@ -109,7 +103,7 @@ void FlightRecorder::mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, co
   if (auto* e = find_locked(handle)) {
     e->state = error.empty() ? TraceState::kCompleted : TraceState::kFailed;
     e->error = error;
-    if (error.empty()) e->completed_ns = now_ns();
+    if (error.empty()) e->completed_ns = at_ns;
     e->retired = true;
   }
 }
@@ -119,6 +113,15 @@ FlightRecorder::Snapshot FlightRecorder::snapshot() {
   Snapshot s;
   s.groups = groups_;
   s.entries = ring_;
+  // Steady clock -> wall clock at this moment: the entries keep their spacing and read as of the dump.
+  const int64_t to_wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::system_clock::now().time_since_epoch()).count() -
+                          steady_ns(std::chrono::steady_clock::now());
+  for (TraceEntry& e : s.entries) {
+    for (int64_t* t : {&e.created_ns, &e.started_ns, &e.completed_ns}) {
+      if (*t != 0) *t += to_wall;
+    }
+  }
   std::sort(s.entries.begin(), s.entries.end(),
             [](const TraceEntry& a, const TraceEntry& b) { return a.record_id < b.record_id; });
   return s;

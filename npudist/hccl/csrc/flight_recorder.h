@@ -4,6 +4,7 @@
 // `python -m torch.distributed.flight_recorder.fr_trace` and `python -m npudist.hccl.trace` read.
 // Torch-free: the adapter fills the entries from its tensors.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -30,7 +31,9 @@ struct TraceEntry {
   std::string thread_name, thread_id;  // the issuing thread
   int64_t timeout_ms = 0;
   TraceState state = TraceState::kScheduled;
-  int64_t created_ns = 0, started_ns = 0, completed_ns = 0;  // wall clock since the epoch; 0: not yet
+  // Steady-clock ns (steady_ns()) in the ring, the issuing Work's own times, so recording reads no clock;
+  // snapshot() converts them to wall-clock ns since the epoch, the dump format's. 0: not yet.
+  int64_t created_ns = 0, started_ns = 0, completed_ns = 0;
   bool retired = false;            // completed or failed: no longer outstanding
   std::string error;
 };
@@ -60,18 +63,20 @@ class FlightRecorder {
   // Records an op of group `pg_id`, whose name and description may have changed since add_group (torch sets
   // the description after building the backend); `fill(e, ctx)` supplies what the op is. Returns a handle
   // for mark_*, 0 when recording is off (then `fill` is not called).
-  // `started`: the op starts as it is recorded (run on the issuing thread right away), so the entry is
-  // recorded as started, at its creation time, and needs no mark_started (one lock and clock read less).
+  // `created_ns`: the op's issue time (steady_ns). `started`: the op starts as it is recorded (run on the
+  // issuing thread right away), so the entry is recorded as started, at its creation time, and needs no
+  // mark_started (one lock less).
   uint64_t record(uint64_t pg_id, const std::string& name, const std::string& desc, bool p2p,
                   uint64_t collective_seq_id, uint64_t p2p_seq_id, Fill fill, const void* ctx,
-                  bool started = false);
+                  int64_t created_ns, bool started = false);
   // seq: the collective's sequence number, 0 for a p2p op (group status counts collectives only).
-  void mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq);
-  void mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, const std::string& error);
+  // `at_ns`: when it happened (steady_ns).
+  void mark_started(uint64_t handle, uint64_t pg_id, uint64_t seq, int64_t at_ns);
+  void mark_done(uint64_t handle, uint64_t pg_id, uint64_t seq, const std::string& error, int64_t at_ns);
 
   struct Snapshot {
     std::vector<GroupTrace> groups;
-    std::vector<TraceEntry> entries;  // oldest first
+    std::vector<TraceEntry> entries;  // oldest first; times in wall-clock ns since the epoch
   };
   Snapshot snapshot();
   size_t capacity() const { return capacity_; }
@@ -87,6 +92,9 @@ class FlightRecorder {
   std::vector<GroupTrace> groups_;  // index: pg_id
 };
 
-int64_t now_ns();
+// A steady-clock time point in ns, as the recorder's entries keep them.
+inline int64_t steady_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 }  // namespace npudist::hccl

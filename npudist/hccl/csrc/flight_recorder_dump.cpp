@@ -82,12 +82,12 @@ void add_total(const std::vector<at::Tensor>& ts, SideWriter& w) {
 
 // The issuing thread's name, as c10::getThreadName() reports it (a prctl system call, ~130 ns here), read
 // again at most once per millisecond per thread: a thread renamed between two collectives less than 1 ms
-// apart shows its previous name in the second entry. `now_ns` is the entry's creation time (the recorder's
-// wall clock, read anyway): a clock that stepped back also rereads the name.
+// apart shows its previous name in the second entry. `now_ns` is the entry's creation time (the Work's issue
+// time on the steady clock, read anyway).
 const std::string& current_thread_name(int64_t now_ns) {
   static thread_local std::string name;
   static thread_local int64_t read_at_ns = 0;
-  if (name.empty() || now_ns - read_at_ns >= 1'000'000 || now_ns < read_at_ns) {
+  if (name.empty() || now_ns - read_at_ns >= 1'000'000) {
     name = c10::getThreadName();
     read_at_ns = now_ns;
   }
@@ -205,7 +205,8 @@ c10::Dict<c10::IValue, c10::IValue> entry_dict(const TraceEntry& e, const GroupT
 }  // namespace
 
 uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& desc, const OpSpec& s,
-                   uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms, bool started) {
+                   uint64_t collective_seq, uint64_t p2p_seq, int64_t timeout_ms, int64_t created_ns,
+                   bool started) {
   struct Ctx {
     const OpSpec& s;
     int64_t timeout_ms;
@@ -247,7 +248,8 @@ uint64_t record_op(uint64_t pg_id, const std::string& name, const std::string& d
         add_tensors(s.outputs, out);
     }
   };
-  return FlightRecorder::get().record(pg_id, name, desc, s.p2p, collective_seq, p2p_seq, fill, &ctx, started);
+  return FlightRecorder::get().record(pg_id, name, desc, s.p2p, collective_seq, p2p_seq, fill, &ctx, created_ns,
+                                      started);
 }
 
 std::string dump_pickle(int global_rank, const std::string& reason) {

@@ -12,6 +12,7 @@ uint64_t Lane::submit(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
   const uint64_t ticket = next_ticket_++;
   queue_.emplace_back(ticket, std::move(fn));
+  busy_.fetch_add(1, std::memory_order_relaxed);
   if (!thread_.joinable() && !stopping_) {
     thread_ = std::thread([this] { loop(); });
   }
@@ -36,15 +37,13 @@ bool Lane::run_here(uint64_t ticket) {
   {
     std::lock_guard<std::mutex> g(mu_);
     --running_;
+    busy_.fetch_sub(static_cast<int>(mine.size()), std::memory_order_release);
   }
   cv_.notify_all();
   return true;
 }
 
-bool Lane::idle() {
-  std::lock_guard<std::mutex> g(mu_);
-  return queue_.empty() && running_ == 0;
-}
+bool Lane::idle() { return busy_.load(std::memory_order_acquire) == 0; }
 
 void Lane::drain() {
   std::unique_lock<std::mutex> lk(mu_);
@@ -81,6 +80,7 @@ void Lane::loop() {
     fn();
     lk.lock();
     --running_;
+    busy_.fetch_sub(1, std::memory_order_release);
     cv_.notify_all();  // drain() waits for the lane to empty
   }
 }

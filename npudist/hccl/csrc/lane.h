@@ -8,6 +8,7 @@
 // measured 0.80-0.95x -> 1.12x of gloo for TP training (benchmarks/train_throughput.py under load). Ops
 // still overlap with host compute whenever the lane gets to them before the caller waits.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -30,7 +31,8 @@ class Lane {
   // If the task `ticket` has not started and the lane runs nothing, runs it and every task queued before
   // it on the calling thread, in order, and returns true; otherwise false (the lane will run it).
   bool run_here(uint64_t ticket);
-  // True when nothing is queued or running (a synchronous op may then run on the caller's thread).
+  // True when nothing is queued or running (a synchronous op may then run on the caller's thread). No lock:
+  // every call of a synchronous collective asks. A task's effects happen before idle() sees it finished.
   bool idle();
   // Wait until nothing is queued or running (the thread stays).
   void drain();
@@ -46,6 +48,7 @@ class Lane {
   std::deque<std::pair<uint64_t, std::function<void()>>> queue_;
   uint64_t next_ticket_ = 1;
   int running_ = 0;  // tasks running, on the lane thread or in run_here
+  std::atomic<int> busy_{0};  // tasks queued or running
   bool stopping_ = false;
   std::thread thread_;
 };

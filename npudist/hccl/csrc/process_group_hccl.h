@@ -178,6 +178,8 @@ class ProcessGroupHCCL : public c10d::Backend {
   void connect();
   void reconnect(const char* op);
   c10::intrusive_ptr<c10d::Work> issue(OpSpec spec);
+  // The result of a synchronous collective once it completed: no Work (NCCL's), or its failure raised.
+  c10::intrusive_ptr<c10d::Work> finish_synchronous(const c10::intrusive_ptr<WorkHCCL>& work);
   // `started_at_issue`: issue() already recorded the op as started (it runs right away on the caller's thread).
   void execute(const c10::intrusive_ptr<WorkHCCL>& work, bool started_at_issue = false);
   std::exception_ptr translate_error(const std::exception& e, const WorkHCCL& w, bool comm_error);
@@ -305,7 +307,8 @@ class ProcessGroupHCCL : public c10d::Backend {
 class WorkHCCL : public c10d::Work {
  public:
   // device: the npu device of the op's tensors, -1 for cpu tensors (the future's devices).
-  WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id, int device);
+  WorkHCCL(ProcessGroupHCCL* pg, OpSpec spec, uint64_t seq, uint64_t trace_id, int device,
+           std::chrono::steady_clock::time_point issued);
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
@@ -327,6 +330,8 @@ class WorkHCCL : public c10d::Work {
   // stream (events recorded there after the op's fence), as NCCL's future completes when its op is enqueued.
   void complete_future_at_issue(const c10::Stream& comm_stream);
   std::string describe() const;
+  // exception() without the lock, for a thread that saw the op complete (ran it, or waited for it).
+  const std::exception_ptr& outcome() const { return exception_; }
 
   OpSpec spec_;
   const uint64_t seq_;
@@ -347,6 +352,7 @@ class WorkHCCL : public c10d::Work {
   uint64_t ticket_ = 0;
   int device_ = -1;  // the npu device of its tensors, -1 for cpu tensors
   uint64_t generation_ = 0;  // the group's communicator generation it was issued on (reinit.cpp)
+  const bool profiling_event_;  // c10d::Work opened a profiler event for it (close_profiling_event ends it)
 
  private:
   // wait() without blocking the host: order the caller's current npu stream after this op.

@@ -54,6 +54,7 @@ ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg
   zc_src_.resize(size_);
   zc_dst_.resize(size_);
   ctx_.spin_ns = spin_ns_for(size_);
+  ctx_.timeout = cfg_.timeout;
   ctx_.abort_flag = &seg_->header()->aborted;
   ctx_.peer_alive = [this](int peer) { return process_alive(seg_->ctl(peer)->proc); };
   ctx_.on_fail = [this](int why, int peer) { fail_wait(why, peer); };
@@ -102,7 +103,7 @@ void ShmEngineImpl::check_usable() {
 void ShmEngineImpl::begin(const OpDesc& d, const size_t* a2a_send, const size_t* a2a_recv,
                             const size_t* a2a_send_offsets) {
   check_usable();
-  ctx_.deadline = Clock::now() + cfg_.timeout;
+  ctx_.deadline = {};  // set by the op's first wait that outlasts its spin (WaitContext)
   cur_ = d;
   cur_.step = step_ + 1;
   RankCtl* me = seg_->ctl(rank_);

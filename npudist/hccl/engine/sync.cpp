@@ -141,6 +141,7 @@ void wait_at_least(const Signal& sig, uint64_t target, int peer, const WaitConte
     }
   }
   // Phase 2: yield the core (the peer may need it), then phase 3: futex sleep in short slices.
+  if (ctx.deadline.time_since_epoch().count() == 0) ctx.deadline = start + ctx.timeout;
   auto last_check = Clock::now();
   auto* mutable_sig = const_cast<Signal*>(&sig);
   for (;;) {

@@ -54,7 +54,11 @@ int64_t spin_ns_for(int ranks);
 // What a wait must watch besides its own condition. `on_fail` throws the right CommError; it is told
 // why the wait gave up (0 = deadline passed, 1 = aborted, 2 = peer `peer` died).
 struct WaitContext {
-  Clock::time_point deadline;
+  // The op's deadline. A collective's is unset (time_since_epoch 0) until one of its waits outlasts the spin
+  // phase, which sets it to that wait's start + `timeout`: beginning an op reads no clock, and the waits of a
+  // small op end while spinning. (Waits take the context const; the deadline is the one part they set.)
+  mutable Clock::time_point deadline{};
+  Clock::duration timeout{};
   const std::atomic<uint32_t>* abort_flag;
   std::function<bool(int)> peer_alive;  // checked every few ms while sleeping
   std::function<void(int why, int peer)> on_fail;
