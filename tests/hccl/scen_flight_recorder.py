@@ -79,6 +79,8 @@ def fr_dump_formats():
     assert ag["output_sizes"] == [[WS, 4, 2]], ag  # the per-rank list recorded flat, as NCCL does
     assert rs["input_sizes"] == [[2 * WS, 2]] and rs["output_sizes"] == [[2, 2]], rs
     assert [e["collective_seq_id"] for e in ents[:4]] == [1, 2, 3, 4]
+    # Wall-clock times since the epoch (the recorder keeps the steady clock and converts at the dump).
+    assert abs(ar["time_created_ns"] - time.time_ns()) < 600e9, (ar["time_created_ns"], time.time_ns())
     assert all(e["state"] == "completed" and e["retired"] and e["time_discovered_completed_ns"] >= e["time_created_ns"]
                and e["duration_ms"] >= 0 and not e["is_p2p"] for e in ents[:4]), ents[:4]
     if p2p:

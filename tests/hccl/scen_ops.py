@@ -155,6 +155,22 @@ def p2p_and_misc():
             dist.recv(t, src=peer, tag=tag)
             dist.send(make(RANK, n, torch.float32).to(device), dst=peer, tag=tag)
         close(t, make(peer, n, torch.float32), f"send/recv n={n}")
+    # As ProcessGroupNCCL since torch 2.8: a synchronous collective (asyncOp=False, what dist.all_reduce()
+    # passes) has completed when the backend returns and returns no Work; an asynchronous one returns its Work;
+    # a synchronous one that fails raises from the call itself.
+    pg = dist.group.WORLD
+    t = torch.full((3,), float(RANK + 1), device=device)
+    sync_opts = dist.AllreduceOptions()
+    sync_opts.asyncOp = False
+    assert pg.allreduce([t], sync_opts) is None
+    close(t, torch.full((3,), float(WS * (WS + 1) // 2)), "synchronous all_reduce, no Work")
+    async_opts = dist.AllreduceOptions()
+    work = pg.allreduce([t], async_opts)
+    assert work is not None and work.wait(), work
+    close(t, torch.full((3,), float(WS * WS * (WS + 1) // 2)), "asynchronous all_reduce, its Work")
+    bad = dist.BroadcastOptions()
+    bad.rootRank, bad.asyncOp = WS + 3, False
+    expect_error(lambda: pg.broadcast([t], bad), ValueError, "is not a rank of this group")
     # batch_isend_irecv where both sides send first, large messages
     n = 400_000
     for _ in range(2):
