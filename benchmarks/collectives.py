@@ -259,7 +259,9 @@ def worker(args) -> None:
 # Launcher side
 
 
-def run_world(n: int, args) -> list[dict]:
+def run_world(n: int, args, tree: str = ROOT) -> list[dict]:
+    """Times every point on n ranks; the workers import npudist from `tree` (compare_collectives.py passes
+    another source tree)."""
     fd, store = tempfile.mkstemp(prefix="npudist_bench_store_")
     os.close(fd)
     os.unlink(store)
@@ -267,7 +269,7 @@ def run_world(n: int, args) -> list[dict]:
            "--ops", ",".join(args.ops), "--sizes", ",".join(map(str, args.sizes)),
            "--rounds", str(args.rounds), "--round-seconds", str(args.round_seconds),
            "--max-iters", str(args.max_iters), "--devices", ",".join(args.devices)]
-    env = dict(os.environ, WORLD_SIZE=str(n), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, WORLD_SIZE=str(n), PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE if r == 0 else None,
                               text=True) for r in range(n)]

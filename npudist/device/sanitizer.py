@@ -500,7 +500,14 @@ class StreamSanitizerMode(TorchDispatchMode):
     def _wrap_work(self, out, done: Clock):
         def wrap(x):
             if isinstance(x, torch.ScriptObject) and "Work" in str(x._type()):
-                w = _WaitingWork(torch.distributed.Work.unbox(x), self.tracker, done, self.live_works)
+                inner = torch.distributed.Work.unbox(x)
+                if inner is None:
+                    # A synchronous collective (asyncOp=False) returns no Work, as ProcessGroupNCCL's since
+                    # torch 2.8: it completed before returning, so the host has seen it.
+                    with self.tracker.lock:
+                        self.tracker.clocks.host_waits(done)
+                    return x
+                w = _WaitingWork(inner, self.tracker, done, self.live_works)
                 with self.tracker.lock:
                     self.live_works[id(w)] = w
                 return w.boxed()
