@@ -157,7 +157,7 @@ def p2p_and_misc():
         close(t, make(peer, n, torch.float32), f"send/recv n={n}")
     # As ProcessGroupNCCL since torch 2.8: a synchronous collective (asyncOp=False, what dist.all_reduce()
     # passes) has completed when the backend returns and returns no Work; an asynchronous one returns its Work;
-    # a synchronous one that fails raises from the call itself.
+    # bad input to a synchronous one raises from the call itself.
     pg = dist.group.WORLD
     t = torch.full((3,), float(RANK + 1), device=device)
     sync_opts = dist.AllreduceOptions()

@@ -153,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
   if (run_now) {
     // Synchronous op on the caller's thread: ordered after the current stream by draining it.
     if (stream_busy) api->stream_synchronize(device, cur_stream);
-    work->observed_ = true;  // c10d waits on a synchronous op right away: its caller gets any error
+    work->observed_ = true;  // its failure raises from this call (finish_synchronous)
     work->future_inline_ = true;
     profiling::note_issue(*work, device, cur_stream);
     if (starts_now) work->started_ = work->issued_;
@@ -220,8 +220,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::issue(OpSpec spec) {
 // tensors are dropped while their pybind caster still holds them: freeing them later, in the Python
 // Work's deallocation, took the GIL once more per call (the last C++ reference to a tensor with a
 // PyObject releases that object). Point-to-point ops are always asynchronous in c10d and keep their Work.
+// Both paths have marked the Work observed: the run-now one before executing it, wait() when it starts.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::finish_synchronous(const c10::intrusive_ptr<WorkHCCL>& work) {
-  work->observed_ = true;
   // Read without the Work's lock: it completed on this thread, or wait() saw it complete under the lock.
   if (work->outcome()) std::rethrow_exception(work->outcome());
   return {};
@@ -306,14 +306,13 @@ std::exception_ptr ProcessGroupHCCL::translate_error(const std::exception& e, co
 
 namespace {
 
-// The op's CPU event for torch.profiler, "hccl:<op>" (Gloo's and NCCL's pattern, the names PyTorch's
-// DistributedTest looks up), or null when nothing records. c10d::Work opens it as an async event with the
-// shapes of profiled_inputs; complete() closes it. Interned: the profiler may keep the pointer past the op.
-//
 // Whether a RecordFunction callback (torch.profiler's) records now: the thread's cached set of callbacks,
 // without the lock at::hasCallbacks() takes on the global ones (two per op, 0.05 us).
 bool records_events() { return at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value(); }
 
+// The op's CPU event for torch.profiler, "hccl:<op>" (Gloo's and NCCL's pattern, the names PyTorch's
+// DistributedTest looks up), or null when nothing records. c10d::Work opens it as an async event with the
+// shapes of profiled_inputs; complete() closes it. Interned: the profiler may keep the pointer past the op.
 const char* profiling_title(const OpSpec& spec) {
   if (!records_events()) return nullptr;
   static std::mutex m;
@@ -468,10 +467,10 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkHCCL::getFuture() {
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkHCCL::getFutureResult() { return settled_future(); }
 
-// An op run when issued (synchronous, on the caller's thread, complete before its Work is returned) gets its
-// future only when someone asks for it: c10d waits on such a Work and drops it, and making the future and
-// marking it completed cost ~0.15 µs per call on cpu tensors, ~0.45 µs on npu tensors (an event per device;
-// docs/hccl_engine.md, "Small-message latency"). The future is made completed, so no callback can ever run
+// An op run when issued (synchronous, on the caller's thread) gets its future only when someone asks for it:
+// its Work reaches a caller only inside a coalesced group's (finish_synchronous returns none), and making the
+// future and marking it completed cost ~0.15 µs per call on cpu tensors, ~0.45 µs on npu tensors (an event per
+// device; docs/hccl_engine.md, "Small-message latency"). The future is made completed, so no callback can ever run
 // on the thread that ran the op; on npu tensors its event is recorded on the device's current stream at the
 // request, which the op precedes (it ran on the host before returning).
 c10::intrusive_ptr<c10::ivalue::Future> WorkHCCL::settled_future() {
