@@ -8,7 +8,7 @@ values, errors (a false "mismatched collectives" is one), hangs.
 Usage:
     python benchmarks/hccl_soak.py --minutes 30                     # world sizes 2 and 4, 1500 ops per seed
     python benchmarks/hccl_soak.py --world-size 4 --seed 7 --ops 120  # replay a failure printed by a run
-    python benchmarks/hccl_soak.py --minutes 60 --max-kib 9216      # up to 9 MiB: every engine threshold
+    python benchmarks/hccl_soak.py --minutes 60 --max-kib 33792     # up to 33 MiB: every engine threshold
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--world-size", type=int, action="append", help="repeatable; default 2 and 4")
     p.add_argument("--seed", type=int, default=None, help="first seed (default: from the clock)")
     p.add_argument("--ops", type=int, default=1500, help="ops per seed")
-    p.add_argument("--max-kib", type=int, default=9216, help="largest buffer of an op, KiB")
+    p.add_argument("--max-kib", type=int, default=33792, help="largest buffer of an op, KiB")
     p.add_argument("--timeout", type=float, default=900.0, help="per run; a run that exceeds it is a hang")
     a = p.parse_args()
     sizes = a.world_size or [2, 4]

@@ -200,7 +200,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _engine_kib("NPUDIST_ENGINE_ONESHOT_KB", 64),
     _engine_kib("NPUDIST_ENGINE_STREAM_KB", 4096),
     _engine_kib("NPUDIST_ENGINE_DIRECT_KB", 512),
-    _engine_kib("NPUDIST_ENGINE_DIRECT_MAX_KB", 8192),
+    _engine_kib("NPUDIST_ENGINE_DIRECT_MAX_KB", 32768),
     _engine_kib("NPUDIST_ENGINE_ZERO_COPY_KB", 256),
     _int("NPUDIST_ENGINE_SPIN_US", "engine", "a spin time", None, 0, 10**7, "microseconds"),
     _int("NPUDIST_ENGINE_YIELD_US", "engine", "a yield time", 50, 0, 10**7, "microseconds"),

@@ -5,7 +5,7 @@ Every rank draws the same random program from (seed, op index): which collective
 (cpu or npu) and size. Sizes straddle every protocol threshold of the engine (set in
 npudist/hccl/engine/shm_engine_impl.cpp): one-shot reductions up to 64 KiB, 256 KiB pipeline chunks and the
 zero-copy threshold, direct reads from 512 KiB (pairs), the p2p ring's 512 KiB chunks, streaming stores from
-4 MiB and the direct limit of 8 MiB.
+4 MiB and the direct limit of 32 MiB (broadcast's, 128 MiB, is beyond the soak's buffers).
 
 Inputs are closed forms of (seed, op index, rank, element index) with small integer values, so every rank
 computes every other rank's input and therefore the exact expected output of each op. A wrong value, an
@@ -24,7 +24,7 @@ from common import RANK, WS, R, close, ops_for, reference
 
 KIB = 1024
 # Bytes at which the engine changes protocol (see the module docstring).
-THRESHOLDS = [64 * KIB, 256 * KIB, 512 * KIB, 1024 * KIB, 4096 * KIB, 8192 * KIB]
+THRESHOLDS = [64 * KIB, 256 * KIB, 512 * KIB, 1024 * KIB, 4096 * KIB, 32768 * KIB]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64]
 MAX_SUBGROUPS = 4

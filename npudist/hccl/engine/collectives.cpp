@@ -150,7 +150,7 @@ void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const Collectiv
     sync();
     if (all_shared()) return broadcast_zc(buf, bytes, root);
   }
-  if (use_direct(bytes)) return broadcast_direct(buf, bytes, root);
+  if (use_direct_broadcast(bytes)) return broadcast_direct(buf, bytes, root);
   if (bytes <= kTinyBytes) {
     if (rank_ == root && bytes) {
       std::memcpy(write_half(), buf, bytes);
@@ -260,12 +260,16 @@ void ShmEngineImpl::all_to_all(const void* in, const size_t* send_counts, const 
   // Peers read `in` while this rank writes `out`, so they must not overlap.
   if (zc_ok_ && !overlaps(in, in_extent, out, out_extent)) publish_shared(d, in, in_extent, nullptr, 0);
   begin(d, send_counts, recv_counts, send_offsets);
-  if (zc_ok_) {
-    // Split sizes differ per rank, so whether to go zero-copy is only known after every rank's descriptor is
-    // visible: one extra sync on communicators that can do zero-copy at all.
+  if (zc_ok_ || direct_ok_) {
+    // Split sizes differ per rank, so whether to go zero-copy or direct is only known after every rank's
+    // descriptor is visible: one extra sync on communicators that can take either path. Deciding here, and
+    // not after the staged path's first step, spares a direct op that step's copy into the slot (up to a
+    // pipeline piece per peer, ~15 us of a 1 MiB all_to_all's ~85 us on 2 ranks).
     sync();
-    if (all_shared() && largest_split() * size_ >= zc_bytes_)
+    if (zc_ok_ && all_shared() && largest_split() * size_ >= zc_bytes_)
       return all_to_all_zc(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
+    if (use_direct(largest_split() * size_))
+      return all_to_all_direct(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
   }
   // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
   const size_t piece = std::max<size_t>(std::min(half_, pipe_bytes_ * size_) / size_ / 64 * 64, 64);
@@ -284,9 +288,6 @@ void ShmEngineImpl::all_to_all(const void* in, const size_t* send_counts, const 
     if (k == 0) {
       const size_t global_max = largest_split();
       steps = std::max<size_t>(1, (global_max + piece - 1) / piece);
-      // Every rank sees the same global_max, so all take the same branch (the staged step is ignored).
-      if (use_direct(global_max * size_))
-        return all_to_all_direct(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
     }
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || recv_counts[j] <= base) continue;
