@@ -59,6 +59,26 @@ def _autoload() -> None:
     with the cause and the fix, and torch works without the npu device. A malformed environment variable
     is reported the same way, and every later use of what it configures raises its error
     (``npudist.unavailable``)."""
+    if _initializing("npudist.device"):
+        # `import npudist.device` (or a module under it) came first and imported torch, which autoloads us before
+        # that package has renamed PrivateUse1 to npu: registering the operators now fails on the device name
+        # "npu" (a false warning, as the device then works). The package finishes registration as its last step;
+        # it is still being imported up the stack then, so a failure must leave its modules in sys.modules.
+        from npudist import _deferred
+
+        _deferred.defer(lambda: _register_reporting_failures(forget=False))
+        return
+    _register_reporting_failures(forget=True)
+
+
+def _initializing(name: str) -> bool:
+    """Module `name` is being imported: its body is running up the stack."""
+    module = sys.modules.get(name)
+    return module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def _register_reporting_failures(forget: bool) -> None:
+    """register(), turning a failure into a RuntimeWarning with the cause and the fix (see _autoload)."""
     import warnings
 
     from npudist import env
@@ -70,7 +90,8 @@ def _autoload() -> None:
             from npudist import unavailable
 
             unavailable.install(e)
-            _forget_package()
+            if forget:
+                _forget_package()
             what = ("The npu device and the hccl backend are unavailable: every use of them raises this error "
                     "until the variable is fixed")
         else:
@@ -79,7 +100,8 @@ def _autoload() -> None:
         warnings.warn(f"npudist: {e}. {what} (accepted values: docs/environment.md). torch works without npudist "
                       "with TORCH_DEVICE_BACKEND_AUTOLOAD=0.", RuntimeWarning, stacklevel=2)
     except Exception as e:  # noqa: BLE001 - any failure: report, keep torch importable
-        _forget_package()
+        if forget:
+            _forget_package()
         warnings.warn(
             f"npudist: the npu device and hccl backend were not registered at `import torch` "
             f"({type(e).__name__}: {e}). torch works without them. Fix the cause above (an extension that is not "
@@ -92,8 +114,7 @@ def _torch_imported() -> bool:
     """torch is imported and finished initialising. While ``import torch`` runs (that is when it autoloads us),
     CPython marks the module's spec ``_initializing``; registration is then left to ``_autoload``, which keeps a
     failure from breaking ``import torch``."""
-    torch = sys.modules.get("torch")
-    return torch is not None and not getattr(getattr(torch, "__spec__", None), "_initializing", False)
+    return "torch" in sys.modules and not _initializing("torch")
 
 
 if _torch_imported():

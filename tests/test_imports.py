@@ -37,6 +37,20 @@ def test_import_torch_alone_brings_npu_and_hccl():
     assert int(count) >= 1 and float(total) == 2.0 and hccl == "True"
 
 
+def test_device_module_imported_before_torch_registers_everything_without_warning():
+    # `from npudist.device import X` first imports torch from inside the device package, whose autoload then
+    # cannot register the operators yet ("npu" is not a device name until the package renames PrivateUse1): the
+    # package finishes registration as its last step, and nothing warns.
+    r = _python("import warnings\nwarnings.simplefilter('error')\n"
+                "from npudist.device import sanitizer\n"
+                "import torch, torch.distributed as dist\n"
+                "print(torch.ops.npu.npu_swiglu(torch.ones(2, 4, device='npu')).shape[-1], "
+                "dist.is_backend_available('hccl'))")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2", "True"], r.stdout
+    assert "not registered" not in r.stderr, r.stderr
+
+
 def test_autoload_switch_off_then_import_or_explicit_register():
     # With autoload off, `import npudist` after torch registers (scripts that say `import torch, npudist` keep
     # working); imported before torch it cannot, and `npudist.register()` does it explicitly.

@@ -122,3 +122,9 @@ def __getattr__(name):
     # Inductor looks up torch.npu.Scheduling & co. on the first torch.compile; npudist.compile answers lazily.
     from npudist.compile import lookup_codegen
     return lookup_codegen(name)
+
+
+# Last: the rest of the registration that torch's autoload left to this package when it was imported first.
+from npudist import _deferred  # noqa: E402
+
+_deferred.run_pending()
