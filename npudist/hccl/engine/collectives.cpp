@@ -150,7 +150,9 @@ void ShmEngineImpl::broadcast(void* buf, size_t bytes, int root, const Collectiv
     sync();
     if (all_shared()) return broadcast_zc(buf, bytes, root);
   }
-  if (use_direct_broadcast(bytes)) return broadcast_direct(buf, bytes, root);
+  // Broadcast's direct path moves each byte once in all (every rank moves one slice), its staged path twice
+  // (the root into the slot, each receiver out of it): direct stays ahead 4x further (docs/hccl_engine.md).
+  if (use_direct(bytes, 4)) return broadcast_direct(buf, bytes, root);
   if (bytes <= kTinyBytes) {
     if (rank_ == root && bytes) {
       std::memcpy(write_half(), buf, bytes);
@@ -264,12 +266,12 @@ void ShmEngineImpl::all_to_all(const void* in, const size_t* send_counts, const 
     // Split sizes differ per rank, so whether to go zero-copy or direct is only known after every rank's
     // descriptor is visible: one extra sync on communicators that can take either path. Deciding here, and
     // not after the staged path's first step, spares a direct op that step's copy into the slot (up to a
-    // pipeline piece per peer, ~15 us of a 1 MiB all_to_all's ~85 us on 2 ranks).
+    // pipeline piece per peer; docs/hccl_engine.md).
     sync();
-    if (zc_ok_ && all_shared() && largest_split() * size_ >= zc_bytes_)
+    const size_t largest = largest_split() * size_;
+    if (zc_ok_ && all_shared() && largest >= zc_bytes_)
       return all_to_all_zc(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
-    if (use_direct(largest_split() * size_))
-      return all_to_all_direct(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
+    if (use_direct(largest)) return all_to_all_direct(in, send_counts, send_offsets, out, recv_counts, recv_offsets);
   }
   // One pipeline chunk per destination (as all_gather moves per source), within the slot half.
   const size_t piece = std::max<size_t>(std::min(half_, pipe_bytes_ * size_) / size_ / 64 * 64, 64);

@@ -39,9 +39,8 @@ ShmEngineImpl::ShmEngineImpl(const CommConfig& cfg, std::unique_ptr<Segment> seg
   one_shot_bytes_ = std::min(half_, env_kib("NPUDIST_ENGINE_ONESHOT_KB", 64 * 1024));
   stream_bytes_ = env_kib("NPUDIST_ENGINE_STREAM_KB", 4096 * 1024);
   direct_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_KB", 512 * 1024);
-  // From 32 MiB the staged pipeline, where sender and receiver copy at the same time, wins for all_gather and
-  // all_to_all (measured: direct 0.73-0.87x of staged at 16 MiB, 0.87-1.22x at 32 MiB; BENCHMARKS.md,
-  // "The shared-memory peers"). Broadcast goes further (use_direct_broadcast).
+  // From 32 MiB the staged pipeline, where sender and receiver copy at the same time, catches up with direct
+  // mode for all_gather and all_to_all (docs/hccl_engine.md, "Algorithms"); broadcast's reach is longer.
   direct_max_bytes_ = env_kib("NPUDIST_ENGINE_DIRECT_MAX_KB", 32 * 1024 * 1024);
   zc_bytes_ = env_kib("NPUDIST_ENGINE_ZERO_COPY_KB", 256 * 1024);
   // For A/B runs (engine_bench's VAR=VALUE): 0 sends tiny ops through the descriptors and staging slots.

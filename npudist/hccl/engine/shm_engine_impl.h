@@ -83,14 +83,10 @@ class ShmEngineImpl final : public ShmEngine {
   // Connect-time probe of both peer-access paths (direct reads, mapping peers' memfds); sets direct_ok_
   // and zc_ok_ identically on every rank.
   void probe_peer_access();
-  bool use_direct(size_t bytes) const {
-    return direct_ok_ && bytes >= direct_bytes_ && bytes < direct_max_bytes_;
-  }
-  // Broadcast's direct path moves each byte once in all (every rank moves one slice), its staged path twice
-  // (the root into the slot, each receiver out of it), so direct stays ahead 4x further: 0.6x of staged at
-  // 16 and 32 MiB, 0.93x at 64 MiB on 2 ranks here.
-  bool use_direct_broadcast(size_t bytes) const {
-    return direct_ok_ && bytes >= direct_bytes_ && bytes / 4 < direct_max_bytes_;
+  // `reach`: how many times direct_max_bytes_ an op's direct path stays ahead of its staged one (broadcast's
+  // is larger, see broadcast()).
+  bool use_direct(size_t bytes, size_t reach = 1) const {
+    return direct_ok_ && bytes >= direct_bytes_ && bytes / reach < direct_max_bytes_;
   }
   // The descriptors of the current op as every rank published them, copied at the op's first sync. A peer's
   // shared descriptor slot is only stable until this rank posts its next step: a peer that finished this
