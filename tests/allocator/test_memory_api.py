@@ -21,10 +21,12 @@ def _settled_allocator():
     """These tests read the allocator's counters around their own tensors. A block an earlier test on this
     xdist worker freed while a stream still used it (record_stream) stays counted until an allocation finds
     its stream passed: in CI one such block left mid-test (memory_allocated 9728 B low, a cached segment
-    reused). Collect garbage, let every stream pass, and allocate once so those blocks are returned first."""
+    reused). Collect garbage, let every stream pass, and allocate once so those blocks are returned first: on
+    every device, since the snapshot lists all of them and a test elsewhere may have left one on npu:1."""
     gc.collect()
-    torch.npu.synchronize()
-    torch.empty(1, dtype=torch.uint8, device="npu")
+    for d in range(torch.npu.device_count()):
+        torch.npu.synchronize(d)
+        torch.empty(1, dtype=torch.uint8, device=f"npu:{d}")
     yield
 
 CUDA_STAT_ARRAYS = ["allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
@@ -158,8 +160,9 @@ def test_record_stream_delays_reuse_until_stream_passes():
     z = torch.empty(n, dtype=torch.uint8, device="npu")
     assert z.data_ptr() == px
     assert active >= n + torch.npu.memory_allocated() - 2 * n  # pending block stayed active
+    dev = torch.npu.current_device()
     snap_states = collections.Counter(b["state"] for seg in torch.npu.memory._snapshot()["segments"]
-                                      for b in seg["blocks"])
+                                      if seg["device"] == dev for b in seg["blocks"])
     assert "active_pending_free" not in snap_states
 
 
