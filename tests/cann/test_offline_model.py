@@ -3,7 +3,6 @@
 PyTorch; atc's and acl.mdl's errors (docs/cann.md, "Offline models: atc and acl.mdl")."""
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import warnings
