@@ -1,11 +1,15 @@
 """Runs a scenario of tests/hccl/worker.py on N local ranks (subprocesses, FileStore rendezvous).
 
 Every run is bounded by a timeout, kills its whole process group on expiry, and checks that no
-shared-memory segment of the engine is left in /dev/shm.
+shared-memory segment of the engine is left in /dev/shm. Ranks are forked from a process that imported torch
+already (tests/hccl/zygote.py) when their environment allows it, otherwise started as fresh interpreters;
+HCCL_TEST_FRESH_INTERPRETERS=1 starts every rank fresh.
 """
 from __future__ import annotations
 
+import json
 import os
+import threading
 import shutil
 import signal
 import subprocess
@@ -33,6 +37,78 @@ def shm_segments(job_id: str) -> set[str]:
         return set()
 
 
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+# What a rank's environment may set differently from the zygote's and still be forked from it: variables that
+# torch's import does not read (npudist, hccl and the tests read theirs after the fork).
+_FORKABLE_PREFIXES = ("NPUDIST_", "HCCL_", "TORCH_HCCL_", "ASCEND_", "PYTEST_")
+_FORKABLE_KEYS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "PYTHONFAULTHANDLER", "TORCH_DEVICE_BACKEND_AUTOLOAD",
+                  "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"}
+
+
+class _Zygote:
+    """This test process's zygote (started at first use, ends when this process does)."""
+
+    _lock = threading.Lock()
+    _proc: subprocess.Popen | None = None
+    _env: dict = {}
+
+    @classmethod
+    def _started(cls) -> subprocess.Popen | None:
+        if cls._proc is not None and cls._proc.poll() is None:
+            return cls._proc
+        env = dict(os.environ)
+        env.update({"PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+                    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+        cls._env = env
+        cls._proc = subprocess.Popen([sys.executable, ZYGOTE], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=REPO)
+        return cls._proc
+
+    @classmethod
+    def forkable(cls, env: dict) -> bool:
+        if os.environ.get("HCCL_TEST_FRESH_INTERPRETERS") == "1":
+            return False
+        with cls._lock:
+            if cls._started() is None:
+                return False
+            base = cls._env
+        for k in set(env) | set(base):
+            if env.get(k) != base.get(k) and k not in _FORKABLE_KEYS and not k.startswith(_FORKABLE_PREFIXES):
+                return False
+        return True
+
+    @classmethod
+    def call(cls, req: dict) -> dict:
+        with cls._lock:
+            p = cls._started()
+            p.stdin.write(json.dumps(req) + "\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tests/hccl/zygote.py exited (code {p.poll()}) during {req['op']}")
+        return json.loads(line)
+
+
+class _ForkedRank:
+    """The Popen calls run_ranks makes, for a rank forked by the zygote."""
+
+    def __init__(self, argv: list, env: dict, out_path: str):
+        self.pid = _Zygote.call({"op": "spawn", "argv": argv, "env": env, "cwd": REPO, "out": out_path})["pid"]
+        self.returncode = None
+
+    def poll(self):
+        return self.wait(0.0, raise_on_timeout=False)
+
+    def wait(self, timeout: float, raise_on_timeout: bool = True):
+        if self.returncode is None:
+            self.returncode = _Zygote.call({"op": "wait", "pids": [self.pid], "timeout": timeout})["codes"][
+                str(self.pid)]
+        if self.returncode is None and raise_on_timeout:
+            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+        return self.returncode
+
+
 def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: dict | None = None,
               rank_env: dict[int, dict] | None = None, args: tuple = (), expect_ok: bool = True,
               check_shm: bool = True, worker: str = WORKER) -> list[RankResult]:
@@ -57,11 +133,16 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
         })
         e.update(env or {})
         e.update((rank_env or {}).get(rank, {}))
+        argv = [worker, scenario, *map(str, args)]
+        if _Zygote.forkable(e):
+            out_path = os.path.join(tmpdir, f"rank{rank}.out")
+            outs.append(out_path)
+            procs.append(_ForkedRank(argv, e, out_path))
+            continue
         out = tempfile.TemporaryFile(mode="w+")
         outs.append(out)
-        procs.append(subprocess.Popen([sys.executable, worker, scenario, *map(str, args)], env=e,
-                                      stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                      start_new_session=True))
+        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=out, stderr=subprocess.STDOUT,
+                                      cwd=REPO, start_new_session=True))
     deadline = time.monotonic() + timeout
     timed_out = False
     for p in procs:
@@ -77,12 +158,16 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
                 os.killpg(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait(timeout=30)
-    shutil.rmtree(tmpdir, ignore_errors=True)
     results = []
     for rank, (p, out) in enumerate(zip(procs, outs)):
+        if isinstance(out, str):
+            with open(out, errors="backslashreplace") as f:
+                results.append(RankResult(rank, p.returncode, f.read()))
+            continue
         out.seek(0)
         results.append(RankResult(rank, p.returncode, out.read()))
         out.close()
+    shutil.rmtree(tmpdir, ignore_errors=True)
     report = "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.output[-6000:]}" for r in results)
     if timed_out:
         raise AssertionError(f"scenario {scenario} timed out after {timeout}s\n{report}")
