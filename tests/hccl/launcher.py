@@ -78,16 +78,24 @@ class _Zygote:
                 return False
         return True
 
+    _next_id = 0
+
     @classmethod
     def call(cls, req: dict) -> dict:
         with cls._lock:
             p = cls._started()
+            cls._next_id += 1
+            req = dict(req, id=cls._next_id)
             p.stdin.write(json.dumps(req) + "\n")
             p.stdin.flush()
-            line = p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"tests/hccl/zygote.py exited (code {p.poll()}) during {req['op']}")
-        return json.loads(line)
+            while True:
+                line = p.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"tests/hccl/zygote.py exited (code {p.poll()}) during {req['op']}")
+                reply = json.loads(line)
+                # A test interrupted while waiting (pytest-timeout) left that request's reply unread: skip it.
+                if reply.get("id") == req["id"]:
+                    return reply
 
 
 class _ForkedRank:

@@ -12,7 +12,7 @@ exception, `sys.exit` codes, and the interpreter's normal finalization (atexit h
 The launcher uses it only when the rank's environment differs from the launcher's in variables read after torch's
 import (its allow-list); anything else, or HCCL_TEST_FRESH_INTERPRETERS=1, gets a fresh interpreter as before.
 
-Protocol: one JSON object per line on stdin, one reply per line on stdout.
+Protocol: one JSON object per line on stdin, one reply per line on stdout, carrying the request's "id".
   {"op": "spawn", "argv": [script, ...], "env": {...}, "cwd": dir, "out": path} -> {"pid": n}
   {"op": "wait", "pids": [...], "timeout": s} -> {"codes": {"pid": returncode or null}}  (Popen's returncodes)
 EOF on stdin (the launcher's process exited) ends the zygote.
@@ -94,6 +94,7 @@ def _serve():
                     del children[p]
         else:
             reply = {"error": f"unknown op {req['op']!r}"}
+        reply["id"] = req.get("id")
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
     return None
