@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -52,9 +52,10 @@ class _Zygote:
     _lock = threading.Lock()
     _proc: subprocess.Popen | None = None
     _env: dict = {}
+    _next_id = 0
 
     @classmethod
-    def _started(cls) -> subprocess.Popen | None:
+    def _started(cls) -> subprocess.Popen:
         if cls._proc is not None and cls._proc.poll() is None:
             return cls._proc
         env = dict(os.environ)
@@ -70,15 +71,12 @@ class _Zygote:
         if os.environ.get("HCCL_TEST_FRESH_INTERPRETERS") == "1":
             return False
         with cls._lock:
-            if cls._started() is None:
-                return False
+            cls._started()
             base = cls._env
         for k in set(env) | set(base):
             if env.get(k) != base.get(k) and k not in _FORKABLE_KEYS and not k.startswith(_FORKABLE_PREFIXES):
                 return False
         return True
-
-    _next_id = 0
 
     @classmethod
     def call(cls, req: dict) -> dict:
@@ -110,8 +108,7 @@ class _ForkedRank:
 
     def wait(self, timeout: float, raise_on_timeout: bool = True):
         if self.returncode is None:
-            self.returncode = _Zygote.call({"op": "wait", "pids": [self.pid], "timeout": timeout})["codes"][
-                str(self.pid)]
+            self.returncode = _Zygote.call({"op": "wait", "pid": self.pid, "timeout": timeout})["code"]
         if self.returncode is None and raise_on_timeout:
             raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
         return self.returncode
@@ -142,15 +139,14 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
         e.update(env or {})
         e.update((rank_env or {}).get(rank, {}))
         argv = [worker, scenario, *map(str, args)]
-        if _Zygote.forkable(e):
-            out_path = os.path.join(tmpdir, f"rank{rank}.out")
-            outs.append(out_path)
-            procs.append(_ForkedRank(argv, e, out_path))
-            continue
-        out = tempfile.TemporaryFile(mode="w+")
+        out = os.path.join(tmpdir, f"rank{rank}.out")
         outs.append(out)
-        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=out, stderr=subprocess.STDOUT,
-                                      cwd=REPO, start_new_session=True))
+        if _Zygote.forkable(e):
+            procs.append(_ForkedRank(argv, e, out))
+            continue
+        with open(out, "w") as f:
+            procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=f, stderr=subprocess.STDOUT,
+                                          cwd=REPO, start_new_session=True))
     deadline = time.monotonic() + timeout
     timed_out = False
     for p in procs:
@@ -168,13 +164,8 @@ def run_ranks(scenario: str, world_size: int, *, timeout: float = 120.0, env: di
             p.wait(timeout=30)
     results = []
     for rank, (p, out) in enumerate(zip(procs, outs)):
-        if isinstance(out, str):
-            with open(out, errors="backslashreplace") as f:
-                results.append(RankResult(rank, p.returncode, f.read()))
-            continue
-        out.seek(0)
-        results.append(RankResult(rank, p.returncode, out.read()))
-        out.close()
+        with open(out, errors="backslashreplace") as f:
+            results.append(RankResult(rank, p.returncode, f.read()))
     shutil.rmtree(tmpdir, ignore_errors=True)
     report = "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.output[-6000:]}" for r in results)
     if timed_out:

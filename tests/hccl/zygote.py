@@ -14,7 +14,7 @@ import (its allow-list); anything else, or HCCL_TEST_FRESH_INTERPRETERS=1, gets 
 
 Protocol: one JSON object per line on stdin, one reply per line on stdout, carrying the request's "id".
   {"op": "spawn", "argv": [script, ...], "env": {...}, "cwd": dir, "out": path} -> {"pid": n}
-  {"op": "wait", "pids": [...], "timeout": s} -> {"codes": {"pid": returncode or null}}  (Popen's returncodes)
+  {"op": "wait", "pid": n, "timeout": s} -> {"code": returncode or null}  (Popen's returncode)
 EOF on stdin (the launcher's process exited) ends the zygote.
 """
 import gc
@@ -77,21 +77,18 @@ def _serve():
             children[pid] = None
             reply = {"pid": pid}
         elif req["op"] == "wait":
-            deadline = time.monotonic() + req["timeout"]
-            pids = req["pids"]
-            while True:
-                for pid in pids:
-                    if children.get(pid) is None:
-                        done, status = os.waitpid(pid, os.WNOHANG)
-                        if done:
-                            children[pid] = _returncode(status)
-                if all(children.get(p) is not None for p in pids) or time.monotonic() >= deadline:
+            pid, deadline = req["pid"], time.monotonic() + req["timeout"]
+            while children.get(pid) is None:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    children[pid] = _returncode(status)
+                elif time.monotonic() >= deadline:
                     break
-                time.sleep(0.005)
-            reply = {"codes": {str(p): children.get(p) for p in pids}}
-            for p in pids:  # reported once: forget finished children
-                if children.get(p) is not None:
-                    del children[p]
+                else:
+                    time.sleep(0.005)
+            reply = {"code": children.get(pid)}
+            if reply["code"] is not None:  # reported once: forget a finished child
+                del children[pid]
         else:
             reply = {"error": f"unknown op {req['op']!r}"}
         reply["id"] = req.get("id")
